@@ -1,0 +1,34 @@
+// Shared by every prism_jax custom call, CPU and CUDA: FFI aliases, argument-check macros
+// and bf16 storage helpers. Numerics that must agree across devices live in numerics.h.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace prism {
+
+namespace ffi = xla::ffi;
+
+// Handlers validate shapes again even though the Python wrappers already did: a handler
+// reached through a hand-written ffi_call must fail with a message, never read out of bounds.
+#define PRISM_REQUIRE(cond, msg)                                   \
+  do {                                                             \
+    if (!(cond)) return ::xla::ffi::Error::InvalidArgument(msg);   \
+  } while (0)
+
+inline std::string DimsToString(ffi::AnyBuffer::Dimensions dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) {
+    s += (i ? ", " : "") + std::to_string(dims[i]);
+  }
+  return s + "]";
+}
+
+inline bool IsFloatActivation(ffi::DataType t) {
+  return t == ffi::DataType::F32 || t == ffi::DataType::BF16;
+}
+
+}  // namespace prism

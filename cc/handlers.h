@@ -1,0 +1,18 @@
+// Every FFI handler symbol of the extension, with its target name. One X-macro table so the
+// module, the CPU and the CUDA builds cannot disagree on names.
+#pragma once
+
+#include "xla/ffi/api/ffi.h"
+
+// X(target_name, cpu_symbol, cuda_symbol)
+#define PRISM_FOR_EACH_HANDLER(X)                                              \
+  X("prism_int8_gemm", PrismInt8GemmCpu, PrismInt8GemmCuda)                    \
+  X("prism_rmsnorm", PrismRmsNormCpu, PrismRmsNormCuda)                        \
+  X("prism_rmsnorm_quant", PrismRmsNormQuantCpu, PrismRmsNormQuantCuda)        \
+  X("prism_add_rmsnorm_quant", PrismAddRmsNormQuantCpu, PrismAddRmsNormQuantCuda) \
+  X("prism_glu_quant", PrismGluQuantCpu, PrismGluQuantCuda)                    \
+  X("prism_candidate_head", PrismCandidateHeadCpu, PrismCandidateHeadCuda)     \
+  X("prism_vocab_logsumexp", PrismVocabLogSumExpCpu, PrismVocabLogSumExpCuda)
+
+#define PRISM_DECLARE_CPU(name, cpu, cuda) XLA_FFI_DECLARE_HANDLER_SYMBOL(cpu);
+#define PRISM_DECLARE_CUDA(name, cpu, cuda) XLA_FFI_DECLARE_HANDLER_SYMBOL(cuda);

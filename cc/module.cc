@@ -1,0 +1,49 @@
+// The pybind11 module prism_jax._prism_ops: hands XLA the FFI handlers as PyCapsules.
+// registrations() -> {"cpu": {target: capsule}, "CUDA": {...}}; "CUDA" only in CUDA builds.
+#include <pybind11/pybind11.h>
+
+#include "cc/handlers.h"
+
+namespace py = pybind11;
+
+PRISM_FOR_EACH_HANDLER(PRISM_DECLARE_CPU)
+#ifdef PRISM_WITH_CUDA
+PRISM_FOR_EACH_HANDLER(PRISM_DECLARE_CUDA)
+#endif
+
+namespace {
+
+template <typename Fn>
+py::capsule Encapsulate(Fn* fn) {
+  return py::capsule(reinterpret_cast<void*>(fn));
+}
+
+py::dict Registrations() {
+  py::dict cpu;
+#define PRISM_ADD_CPU(name, cpu_fn, cuda_fn) cpu[name] = Encapsulate(cpu_fn);
+  PRISM_FOR_EACH_HANDLER(PRISM_ADD_CPU)
+#undef PRISM_ADD_CPU
+  py::dict out;
+  out["cpu"] = cpu;
+#ifdef PRISM_WITH_CUDA
+  py::dict cuda;
+#define PRISM_ADD_CUDA(name, cpu_fn, cuda_fn) cuda[name] = Encapsulate(cuda_fn);
+  PRISM_FOR_EACH_HANDLER(PRISM_ADD_CUDA)
+#undef PRISM_ADD_CUDA
+  out["CUDA"] = cuda;
+#endif
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_prism_ops, m) {
+  m.doc() = "prism_jax XLA FFI custom calls (CPU, and CUDA when built with nvcc)";
+  m.def("registrations", &Registrations,
+        "Returns {platform: {target_name: capsule}} for jax.ffi.register_ffi_target.");
+#ifdef PRISM_WITH_CUDA
+  m.attr("with_cuda") = true;
+#else
+  m.attr("with_cuda") = false;
+#endif
+}

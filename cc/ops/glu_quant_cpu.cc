@@ -1,0 +1,63 @@
+// prism_glu_quant on the CPU: a = act(gate) * up, then per-row symmetric INT8 quantisation.
+//   gate, up [M, F] f32|bf16 -> a_q s8 [M, F], s_a f32 [M]; attr activation (numerics.h).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cc/common.h"
+#include "cc/numerics.h"
+
+namespace prism {
+namespace {
+
+template <typename T>
+void GluRows(const T* gate, const T* up, int64_t m, int64_t f, Activation act, int8_t* q,
+             float* s) {
+  std::vector<float> a(f);
+  for (int64_t r = 0; r < m; ++r) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < f; ++i) {
+      a[i] = Activate(act, ToF32(gate[r * f + i])) * ToF32(up[r * f + i]);
+      amax = std::max(amax, std::fabs(a[i]));
+    }
+    const float inv = QuantInverse(amax);
+    for (int64_t i = 0; i < f; ++i) q[r * f + i] = QuantCode(a[i], inv);
+    s[r] = QuantScale(amax);
+  }
+}
+
+ffi::Error GluQuantCpu(ffi::AnyBuffer gate, ffi::AnyBuffer up,
+                       ffi::Result<ffi::BufferR2<ffi::S8>> a_q,
+                       ffi::Result<ffi::BufferR1<ffi::F32>> s_a, int32_t activation) {
+  PRISM_REQUIRE(gate.dimensions().size() == 2, "prism_glu_quant: gate must be [M, F]");
+  PRISM_REQUIRE(IsFloatActivation(gate.element_type()),
+                "prism_glu_quant: gate must be float32 or bfloat16");
+  PRISM_REQUIRE(up.element_type() == gate.element_type() &&
+                    up.element_count() == gate.element_count(),
+                "prism_glu_quant: up must match gate in shape and dtype");
+  PRISM_REQUIRE(activation == 0 || activation == 1,
+                "prism_glu_quant: activation must be 0 (gelu_tanh) or 1 (silu)");
+  const int64_t m = gate.dimensions()[0], f = gate.dimensions()[1];
+  const auto act = static_cast<Activation>(activation);
+  if (gate.element_type() == ffi::DataType::F32) {
+    GluRows(gate.reinterpret_data<float>(), up.reinterpret_data<float>(), m, f, act,
+            a_q->typed_data(), s_a->typed_data());
+  } else {
+    GluRows(gate.reinterpret_data<uint16_t>(), up.reinterpret_data<uint16_t>(), m, f, act,
+            a_q->typed_data(), s_a->typed_data());
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace prism
+
+namespace ffi = xla::ffi;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismGluQuantCpu, prism::GluQuantCpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()            // gate [M, F] f32|bf16
+                                  .Arg<ffi::AnyBuffer>()            // up [M, F]
+                                  .Ret<ffi::BufferR2<ffi::S8>>()   // a_q [M, F]
+                                  .Ret<ffi::BufferR1<ffi::F32>>()  // s_a [M]
+                                  .Attr<int32_t>("activation"));

@@ -1,0 +1,162 @@
+// RMSNorm custom calls on the CPU, one row at a time (D model dim, M rows):
+//   prism_rmsnorm            x [M, D], gamma [D]            -> y [M, D] (x's dtype)
+//   prism_rmsnorm_quant      x [M, D], gamma [D]            -> x_q s8 [M, D], s_x f32 [M]
+//   prism_add_rmsnorm_quant  x, residual [M, D], gamma [D]  -> x_q, s_x, h = x + residual
+// y = (h * inverse_rms) * (weight_offset + gamma); weight_offset is 1 for Gemma's (1 + γ).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cc/common.h"
+#include "cc/numerics.h"
+
+namespace prism {
+namespace {
+
+struct NormAttrs {
+  float eps;
+  float weight_offset;
+};
+
+// Normalises one row of already-summed activations h (f32) into y (f32 scratch).
+void NormRow(const float* h, const float* gamma, int64_t d, NormAttrs a, float* y) {
+  const float ss = CanonicalSumHost(d, [&](int64_t i) { return h[i] * h[i]; });
+  const float inv = InverseRms(ss, d, a.eps);
+  for (int64_t i = 0; i < d; ++i) y[i] = (h[i] * inv) * (a.weight_offset + gamma[i]);
+}
+
+void QuantRow(const float* y, int64_t d, int8_t* q, float* scale) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < d; ++i) amax = std::max(amax, std::fabs(y[i]));
+  const float inv = QuantInverse(amax);
+  for (int64_t i = 0; i < d; ++i) q[i] = QuantCode(y[i], inv);
+  *scale = QuantScale(amax);
+}
+
+// Runs the whole family for one activation dtype T; null pointers switch parts off.
+template <typename T>
+void NormRows(const T* x, const T* residual, const float* gamma, int64_t m, int64_t d,
+              NormAttrs a, T* h_out, T* y_out, int8_t* q_out, float* s_out) {
+  std::vector<float> scratch(2 * d);  // host scratch: CPU handlers may allocate, CUDA ones not
+  float* h = scratch.data();
+  float* y = h + d;
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t i = 0; i < d; ++i) {
+      float v = ToF32(x[r * d + i]);
+      if (residual != nullptr) {
+        // The residual stream is stored in T; normalise the stored (rounded) value.
+        T stored;
+        FromF32(v + ToF32(residual[r * d + i]), &stored);
+        if (h_out != nullptr) h_out[r * d + i] = stored;
+        v = ToF32(stored);
+      }
+      h[i] = v;
+    }
+    NormRow(h, gamma, d, a, y);
+    if (y_out != nullptr) {
+      for (int64_t i = 0; i < d; ++i) FromF32(y[i], y_out + r * d + i);
+    }
+    if (q_out != nullptr) QuantRow(y, d, q_out + r * d, s_out + r);
+  }
+}
+
+ffi::Error CheckRows(const ffi::AnyBuffer& x, const ffi::BufferR1<ffi::F32>& gamma,
+                     const char* op) {
+  const std::string name(op);
+  PRISM_REQUIRE(x.dimensions().size() == 2, name + ": x must be [M, D]");
+  PRISM_REQUIRE(IsFloatActivation(x.element_type()), name + ": x must be float32 or bfloat16");
+  PRISM_REQUIRE(gamma.dimensions()[0] == x.dimensions()[1], name + ": gamma must be [D]");
+  return ffi::Error::Success();
+}
+
+template <typename T>
+const T* Data(const ffi::AnyBuffer& b) { return b.reinterpret_data<T>(); }
+
+ffi::Error RmsNormCpu(ffi::AnyBuffer x, ffi::BufferR1<ffi::F32> gamma,
+                      ffi::Result<ffi::AnyBuffer> y, float eps, float weight_offset) {
+  if (auto e = CheckRows(x, gamma, "prism_rmsnorm"); e.failure()) return e;
+  PRISM_REQUIRE(y->element_type() == x.element_type(), "prism_rmsnorm: y must have x's dtype");
+  const int64_t m = x.dimensions()[0], d = x.dimensions()[1];
+  const NormAttrs a{eps, weight_offset};
+  if (x.element_type() == ffi::DataType::F32) {
+    NormRows<float>(Data<float>(x), nullptr, gamma.typed_data(), m, d, a, nullptr,
+                    y->reinterpret_data<float>(), nullptr, nullptr);
+  } else {
+    NormRows<uint16_t>(Data<uint16_t>(x), nullptr, gamma.typed_data(), m, d, a, nullptr,
+                       y->reinterpret_data<uint16_t>(), nullptr, nullptr);
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error RmsNormQuantCpu(ffi::AnyBuffer x, ffi::BufferR1<ffi::F32> gamma,
+                           ffi::Result<ffi::BufferR2<ffi::S8>> x_q,
+                           ffi::Result<ffi::BufferR1<ffi::F32>> s_x, float eps,
+                           float weight_offset) {
+  if (auto e = CheckRows(x, gamma, "prism_rmsnorm_quant"); e.failure()) return e;
+  const int64_t m = x.dimensions()[0], d = x.dimensions()[1];
+  const NormAttrs a{eps, weight_offset};
+  if (x.element_type() == ffi::DataType::F32) {
+    NormRows<float>(Data<float>(x), nullptr, gamma.typed_data(), m, d, a, nullptr, nullptr,
+                    x_q->typed_data(), s_x->typed_data());
+  } else {
+    NormRows<uint16_t>(Data<uint16_t>(x), nullptr, gamma.typed_data(), m, d, a, nullptr,
+                       nullptr, x_q->typed_data(), s_x->typed_data());
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error AddRmsNormQuantCpu(ffi::AnyBuffer x, ffi::AnyBuffer residual,
+                              ffi::BufferR1<ffi::F32> gamma,
+                              ffi::Result<ffi::BufferR2<ffi::S8>> x_q,
+                              ffi::Result<ffi::BufferR1<ffi::F32>> s_x,
+                              ffi::Result<ffi::AnyBuffer> h, float eps, float weight_offset) {
+  if (auto e = CheckRows(x, gamma, "prism_add_rmsnorm_quant"); e.failure()) return e;
+  PRISM_REQUIRE(residual.element_type() == x.element_type() &&
+                    residual.element_count() == x.element_count(),
+                "prism_add_rmsnorm_quant: residual must match x in shape and dtype");
+  const int64_t m = x.dimensions()[0], d = x.dimensions()[1];
+  const NormAttrs a{eps, weight_offset};
+  if (x.element_type() == ffi::DataType::F32) {
+    NormRows<float>(Data<float>(x), Data<float>(residual), gamma.typed_data(), m, d, a,
+                    h->reinterpret_data<float>(), nullptr, x_q->typed_data(),
+                    s_x->typed_data());
+  } else {
+    NormRows<uint16_t>(Data<uint16_t>(x), Data<uint16_t>(residual), gamma.typed_data(), m, d,
+                       a, h->reinterpret_data<uint16_t>(), nullptr, x_q->typed_data(),
+                       s_x->typed_data());
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace prism
+
+namespace ffi = xla::ffi;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismRmsNormCpu, prism::RmsNormCpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()              // x [M, D] f32|bf16
+                                  .Arg<ffi::BufferR1<ffi::F32>>()    // gamma [D]
+                                  .Ret<ffi::AnyBuffer>()              // y [M, D] x's dtype
+                                  .Attr<float>("eps")
+                                  .Attr<float>("weight_offset"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismRmsNormQuantCpu, prism::RmsNormQuantCpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()              // x [M, D] f32|bf16
+                                  .Arg<ffi::BufferR1<ffi::F32>>()    // gamma [D]
+                                  .Ret<ffi::BufferR2<ffi::S8>>()     // x_q [M, D]
+                                  .Ret<ffi::BufferR1<ffi::F32>>()    // s_x [M]
+                                  .Attr<float>("eps")
+                                  .Attr<float>("weight_offset"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismAddRmsNormQuantCpu, prism::AddRmsNormQuantCpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()              // x [M, D] f32|bf16
+                                  .Arg<ffi::AnyBuffer>()              // residual [M, D]
+                                  .Arg<ffi::BufferR1<ffi::F32>>()    // gamma [D]
+                                  .Ret<ffi::BufferR2<ffi::S8>>()     // x_q [M, D]
+                                  .Ret<ffi::BufferR1<ffi::F32>>()    // s_x [M]
+                                  .Ret<ffi::AnyBuffer>()              // h = x + residual
+                                  .Attr<float>("eps")
+                                  .Attr<float>("weight_offset"));

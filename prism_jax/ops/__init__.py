@@ -1,0 +1,32 @@
+"""prism_jax.ops: every custom call behind one door (shape checks, dispatch, reference).
+
+Layers call these functions, never jax.ffi directly. Each op runs the XLA FFI custom call
+(CPU or CUDA, registered at import) or its pure-jnp reference, chosen by `impl=` or
+`use_impl(...)`.
+"""
+
+from prism_jax.ops._registry import register
+from prism_jax.ops.candidate_head import candidate_head, vocab_logsumexp
+from prism_jax.ops.dispatch import current_impl, use_impl
+from prism_jax.ops.glu_quant import glu_quant
+from prism_jax.ops.int8_gemm import int8_gemm
+from prism_jax.ops.quantize import dequantize_rows, quantize_rows, quantize_weight
+from prism_jax.ops.rmsnorm_quant import add_rmsnorm_quant, rmsnorm, rmsnorm_quant
+
+register()
+
+__all__ = [
+    "add_rmsnorm_quant",
+    "candidate_head",
+    "current_impl",
+    "dequantize_rows",
+    "glu_quant",
+    "int8_gemm",
+    "quantize_rows",
+    "quantize_weight",
+    "register",
+    "rmsnorm",
+    "rmsnorm_quant",
+    "use_impl",
+    "vocab_logsumexp",
+]

@@ -1,0 +1,40 @@
+"""Which implementation the ops run: the custom calls ("ffi") or the pure-jnp references.
+
+The choice is made at trace time. Select it per call (`impl=`) or for a scope with
+`use_impl(...)`; scopes do not nest, so a reference run can never half-use kernels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Literal
+
+Impl = Literal["ffi", "reference"]
+IMPLS: tuple[str, ...] = ("ffi", "reference")
+
+_state = threading.local()
+
+
+def current_impl() -> Impl:
+    return getattr(_state, "impl", "ffi")
+
+
+def resolve_impl(impl: Impl | None) -> Impl:
+    chosen = current_impl() if impl is None else impl
+    if chosen not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {chosen!r}")
+    return chosen
+
+
+@contextlib.contextmanager
+def use_impl(impl: Impl) -> Iterator[None]:
+    """Runs every op in the scope with `impl` ("ffi" or "reference")."""
+    resolve_impl(impl)
+    assert getattr(_state, "impl", None) is None, "use_impl scopes do not nest"
+    _state.impl = impl
+    try:
+        yield
+    finally:
+        _state.impl = None

@@ -1,0 +1,70 @@
+"""glu_quant: a = act(gate) * up, then per-row INT8 quantisation (F ffw dim; rows flattened).
+
+Activations: "gelu_tanh" (Gemma) and "silu" (Llama, Qwen). The transcendental functions run
+inside the custom call so XLA cannot vectorise them differently for different batch shapes;
+the reference uses XLA's tanh/exp and therefore matches to rounding, not bitwise.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from prism_jax.ops import _checks
+from prism_jax.ops._registry import require_target
+from prism_jax.ops.dispatch import Impl, resolve_impl
+from prism_jax.ops.quantize import quantize_rows
+
+OP = "glu_quant"
+ACTIVATIONS = {"gelu_tanh": 0, "silu": 1}
+
+
+def gelu_tanh(x):
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), in numerics.h's operation order."""
+    inner = jnp.float32(0.7978845608028654) * (x + jnp.float32(0.044715) * ((x * x) * x))
+    return jnp.float32(0.5) * x * (jnp.float32(1.0) + jnp.tanh(inner))
+
+
+def silu(x):
+    return x / (jnp.float32(1.0) + jnp.exp(-x))
+
+
+def _check(gate, up, activation: str) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{OP}: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    if gate.ndim < 1:
+        raise ValueError(f"{OP}: gate must be float32 or bfloat16 [..., F], got a scalar")
+    _checks.require(OP, "gate", gate, rank=gate.ndim, dtypes=_checks.FLOAT_ACTIVATIONS,
+                    expected="[..., F]")
+    if up.shape != gate.shape or up.dtype != gate.dtype:
+        raise ValueError(
+            f"{OP}: up must match gate ({_checks.describe(gate)}), got {_checks.describe(up)}"
+        )
+
+
+def glu_quant_reference(gate, up, activation: str):
+    act = gelu_tanh if activation == "gelu_tanh" else silu
+    return quantize_rows(act(gate.astype(jnp.float32)) * up.astype(jnp.float32))
+
+
+def glu_quant(gate, up, *, activation: str, impl: Impl | None = None):
+    """Gated activation with INT8 output.
+
+    Args:
+      gate: [..., F] float32 or bfloat16.
+      up: [..., F], same dtype.
+      activation: "gelu_tanh" or "silu".
+
+    Returns:
+      (a_q int8 [..., F], s_a float32 [...]).
+    """
+    _check(gate, up, activation)
+    if resolve_impl(impl) == "reference":
+        return glu_quant_reference(gate, up, activation)
+    require_target("prism_glu_quant")
+    g2, u2 = gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1])  # (M, F)
+    outs = (jax.ShapeDtypeStruct(g2.shape, jnp.int8), jax.ShapeDtypeStruct(g2.shape[:1], jnp.float32))
+    call = jax.ffi.ffi_call("prism_glu_quant", outs, vmap_method="sequential")
+    q, s = call(g2, u2, activation=np.int32(ACTIVATIONS[activation]))
+    return q.reshape(gate.shape), s.reshape(gate.shape[:-1])

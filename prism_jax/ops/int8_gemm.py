@@ -1,0 +1,78 @@
+"""int8_gemm: y = float(x_q @ w_q.T as int32) * s_x[m] * s_w[n], fp32 epilogue in that order.
+
+Shapes: M rows (tokens; leading batch dims are flattened), K input features, N outputs.
+x_q int8 [..., K], s_x f32 [...], w_q int8 [N, K] (K contiguous), s_w f32 [N].
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from prism_jax.ops import _checks
+from prism_jax.ops._registry import require_target
+from prism_jax.ops.dispatch import Impl, resolve_impl
+
+OP = "int8_gemm"
+OUT_DTYPES = (jnp.float32, jnp.bfloat16)
+
+
+def _check(x_q, s_x, w_q, s_w, out_dtype) -> None:
+    _checks.require(OP, "w_q", w_q, rank=2, dtypes=[jnp.int8], expected="int8 [N, K]")
+    n, k = w_q.shape
+    if x_q.ndim < 1 or x_q.dtype != jnp.int8 or x_q.shape[-1] != k:
+        raise ValueError(
+            f"{OP}: x_q must be int8 [..., K] with K = {k} (w_q is {_checks.describe(w_q)}), "
+            f"got {_checks.describe(x_q)}"
+        )
+    if s_x.dtype != jnp.float32 or s_x.shape != x_q.shape[:-1]:
+        raise ValueError(
+            f"{OP}: s_x must be float32 {list(x_q.shape[:-1])} (one scale per row of x_q), "
+            f"got {_checks.describe(s_x)}"
+        )
+    _checks.require(OP, "s_w", s_w, rank=1, dtypes=[jnp.float32], expected=f"float32 [{n}]")
+    _checks.require_dim(OP, "s_w", s_w, 0, n, f"float32 [{n}] (one scale per row of w_q)")
+    if jnp.dtype(out_dtype) not in [jnp.dtype(d) for d in OUT_DTYPES]:
+        raise ValueError(f"{OP}: out_dtype must be float32 or bfloat16, got {out_dtype}")
+
+
+def int8_gemm_reference(x_q, s_x, w_q, s_w, out_dtype=jnp.float32) -> jax.Array:
+    """Pure-jnp reference: exact int32 dot, then the same fp32 epilogue."""
+    acc = jax.lax.dot_general(
+        x_q, w_q, (((x_q.ndim - 1,), (1,)), ((), ())), preferred_element_type=jnp.int32
+    )
+    y = acc.astype(jnp.float32) * s_x[..., None] * s_w
+    return y.astype(out_dtype)
+
+
+def _int8_gemm_ffi(x_q, s_x, w_q, s_w, out_dtype) -> jax.Array:
+    require_target("prism_int8_gemm")
+    lead = x_q.shape[:-1]
+    x2 = x_q.reshape(-1, x_q.shape[-1])  # (M, K)
+    call = jax.ffi.ffi_call(
+        "prism_int8_gemm",
+        jax.ShapeDtypeStruct((x2.shape[0], w_q.shape[0]), out_dtype),
+        vmap_method="sequential",
+    )
+    y = call(x2, s_x.reshape(-1), w_q, s_w)
+    return y.reshape(*lead, w_q.shape[0])  # (..., N)
+
+
+def int8_gemm(x_q, s_x, w_q, s_w, *, out_dtype=jnp.float32, impl: Impl | None = None):
+    """INT8 x INT8 -> INT32 GEMM with per-row and per-column scales.
+
+    Args:
+      x_q: int8 [..., K] quantised activations.
+      s_x: float32 [...] per-row activation scales.
+      w_q: int8 [N, K] quantised weights (one row per output feature).
+      s_w: float32 [N] per-output-channel weight scales.
+      out_dtype: float32 or bfloat16.
+      impl: "ffi" (custom call) or "reference"; default from `use_impl`.
+
+    Returns:
+      [..., N] array of out_dtype.
+    """
+    _check(x_q, s_x, w_q, s_w, out_dtype)
+    if resolve_impl(impl) == "reference":
+        return int8_gemm_reference(x_q, s_x, w_q, s_w, out_dtype)
+    return _int8_gemm_ffi(x_q, s_x, w_q, s_w, out_dtype)

@@ -1,0 +1,26 @@
+"""Per-row symmetric INT8 quantisation, exactly as cc/numerics.h: scale = amax / 127,
+code = round_half_even(y * (127 / amax)), clipped to [-127, 127]; zero rows -> scale 0."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+QMAX = 127.0
+
+
+def quantize_rows(y: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """y float32 [M, D] -> (codes int8 [M, D], scales float32 [M])."""
+    amax = jnp.max(jnp.abs(y), axis=-1)  # max is exact in any order
+    inverse = jnp.where(amax > 0, jnp.float32(QMAX) / jnp.where(amax > 0, amax, 1.0), 0.0)
+    codes = jnp.clip(jnp.round(y * inverse[..., None]), -QMAX, QMAX).astype(jnp.int8)
+    return codes, amax / jnp.float32(QMAX)
+
+
+def dequantize_rows(codes: jax.Array, scales: jax.Array) -> jax.Array:
+    return codes.astype(jnp.float32) * scales[..., None]
+
+
+def quantize_weight(w: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Weights [N, K] -> (int8 [N, K], per-output-channel scale [N]); same rule as rows."""
+    return quantize_rows(w.astype(jnp.float32))

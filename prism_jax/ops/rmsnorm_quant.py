@@ -1,0 +1,110 @@
+"""RMSNorm custom calls (D model dim; leading dims are rows and are flattened):
+
+  rmsnorm(x, gamma)                      -> y (x's dtype)             post-norms, qk-norm
+  rmsnorm_quant(x, gamma)                -> (x_q int8, s_x f32)        before a projection
+  add_rmsnorm_quant(x, residual, gamma)  -> (x_q, s_x, h = x + residual in x's dtype)
+
+y = (h * 1/sqrt(mean(h^2) + eps)) * (weight_offset + gamma); Gemma uses weight_offset = 1.
+The sum of squares follows the canonical order (canonical.py), so the reference is bitwise.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from prism_jax.ops import _checks
+from prism_jax.ops._registry import require_target
+from prism_jax.ops.canonical import canonical_sum
+from prism_jax.ops.dispatch import Impl, resolve_impl
+from prism_jax.ops.quantize import quantize_rows
+
+
+def _check(op: str, x, gamma, residual=None) -> None:
+    if x.ndim < 1:
+        raise ValueError(f"{op}: x must be float32 or bfloat16 [..., D], got a scalar")
+    _checks.require(op, "x", x, rank=x.ndim, dtypes=_checks.FLOAT_ACTIVATIONS, expected="[..., D]")
+    d = x.shape[-1]
+    _checks.require(op, "gamma", gamma, rank=1, dtypes=[jnp.float32, jnp.bfloat16],
+                    expected=f"[{d}]")
+    _checks.require_dim(op, "gamma", gamma, 0, d, f"[D] with D = {d} (x is {_checks.describe(x)})")
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValueError(
+            f"{op}: residual must match x ({_checks.describe(x)}), got "
+            f"{_checks.describe(residual)}"
+        )
+
+
+def _normalize_reference(h, gamma, eps: float, weight_offset: float):
+    """h float32 [..., D] -> y float32 [..., D] with the kernels' exact arithmetic."""
+    d = h.shape[-1]
+    ss = canonical_sum(h * h)
+    inv = jnp.float32(1.0) / jnp.sqrt(ss / jnp.float32(d) + jnp.float32(eps))
+    weight = jnp.float32(weight_offset) + gamma.astype(jnp.float32)
+    return (h * inv[..., None]) * weight
+
+
+def _ffi(target: str, outs, *args, eps: float, weight_offset: float):
+    require_target(target)
+    call = jax.ffi.ffi_call(target, outs, vmap_method="sequential")
+    return call(*args, eps=np.float32(eps), weight_offset=np.float32(weight_offset))
+
+
+def _rows(x):
+    return x.reshape(-1, x.shape[-1])  # (M, D)
+
+
+def rmsnorm(x, gamma, *, eps: float, weight_offset: float = 0.0, impl: Impl | None = None):
+    """RMSNorm with float output in x's dtype. Args: x [..., D] f32|bf16, gamma [D]."""
+    _check("rmsnorm", x, gamma)
+    if resolve_impl(impl) == "reference":
+        y = _normalize_reference(x.astype(jnp.float32), gamma, eps, weight_offset)
+        return y.astype(x.dtype)
+    x2 = _rows(x)
+    y = _ffi("prism_rmsnorm", jax.ShapeDtypeStruct(x2.shape, x.dtype), x2,
+             gamma.astype(jnp.float32), eps=eps, weight_offset=weight_offset)
+    return y.reshape(x.shape)
+
+
+def rmsnorm_quant(x, gamma, *, eps: float, weight_offset: float = 0.0, impl: Impl | None = None):
+    """RMSNorm then per-row INT8 quantisation.
+
+    Args:
+      x: [..., D] float32 or bfloat16.
+      gamma: [D] norm weight.
+      eps: the model's epsilon.
+      weight_offset: 0 for plain RMSNorm, 1 for Gemma's (1 + gamma).
+
+    Returns:
+      (x_q int8 [..., D], s_x float32 [...]).
+    """
+    _check("rmsnorm_quant", x, gamma)
+    if resolve_impl(impl) == "reference":
+        return quantize_rows(_normalize_reference(x.astype(jnp.float32), gamma, eps, weight_offset))
+    x2 = _rows(x)
+    outs = (jax.ShapeDtypeStruct(x2.shape, jnp.int8), jax.ShapeDtypeStruct(x2.shape[:1], jnp.float32))
+    q, s = _ffi("prism_rmsnorm_quant", outs, x2, gamma.astype(jnp.float32), eps=eps,
+                weight_offset=weight_offset)
+    return q.reshape(x.shape), s.reshape(x.shape[:-1])
+
+
+def add_rmsnorm_quant(x, residual, gamma, *, eps: float, weight_offset: float = 0.0,
+                      impl: Impl | None = None):
+    """h = x + residual (rounded to x's dtype), then rmsnorm_quant(h).
+
+    Returns:
+      (x_q int8 [..., D], s_x float32 [...], h [..., D] in x's dtype).
+    """
+    _check("add_rmsnorm_quant", x, gamma, residual)
+    if resolve_impl(impl) == "reference":
+        h = (x.astype(jnp.float32) + residual.astype(jnp.float32)).astype(x.dtype)
+        q, s = quantize_rows(_normalize_reference(h.astype(jnp.float32), gamma, eps, weight_offset))
+        return q, s, h
+    x2 = _rows(x)
+    outs = (jax.ShapeDtypeStruct(x2.shape, jnp.int8),
+            jax.ShapeDtypeStruct(x2.shape[:1], jnp.float32),
+            jax.ShapeDtypeStruct(x2.shape, x.dtype))
+    q, s, h = _ffi("prism_add_rmsnorm_quant", outs, x2, _rows(residual),
+                   gamma.astype(jnp.float32), eps=eps, weight_offset=weight_offset)
+    return q.reshape(x.shape), s.reshape(x.shape[:-1]), h.reshape(x.shape)
