@@ -54,9 +54,12 @@ PRISM_HD void FromF32(float v, uint16_t* out) { *out = F32ToBf16(v); }
 // Canonical lane of element d.
 PRISM_HD int LaneOf(int64_t d) { return static_cast<int>((d / kVec) % kLanes); }
 
-// Per-row symmetric quantisation: scale = amax / 127, code = round_half_even(y * (127 / amax)).
-// An all-zero row gets scale 0 and codes 0 (dequantises to exact zeros).
-PRISM_HD float QuantScale(float amax) { return amax / kQMax; }
+// Division by a constant is written as multiplication by the float32 reciprocal everywhere:
+// XLA rewrites x / c into x * (1/c), and the references must reproduce the kernels' bits.
+//
+// Per-row symmetric quantisation: scale = amax * (1/127), code = round_half_even(y * (127 /
+// amax)). An all-zero row gets scale 0 and codes 0 (dequantises to exact zeros).
+PRISM_HD float QuantScale(float amax) { return amax * (1.0f / kQMax); }
 PRISM_HD float QuantInverse(float amax) { return amax > 0.0f ? kQMax / amax : 0.0f; }
 PRISM_HD int8_t QuantCode(float y, float inverse) {
   float r = rintf(y * inverse);  // default rounding mode: half to even
@@ -64,10 +67,11 @@ PRISM_HD int8_t QuantCode(float y, float inverse) {
   return static_cast<int8_t>(r);
 }
 
-// RMSNorm factor 1 / sqrt(mean(x^2) + eps); sqrt and division are correctly rounded on both
-// devices (CUDA without --use_fast_math), so this is bit-identical given the same sum.
+// RMSNorm factor 1 / sqrt(sum_squares * (1/D) + eps); sqrt and division are correctly rounded
+// on both devices (CUDA without --use_fast_math), so this is bit-identical given the same sum.
 PRISM_HD float InverseRms(float sum_squares, int64_t d, float eps) {
-  return 1.0f / sqrtf(sum_squares / static_cast<float>(d) + eps);
+  const float inv_d = 1.0f / static_cast<float>(d);
+  return 1.0f / sqrtf(sum_squares * inv_d + eps);
 }
 
 // GELU, tanh approximation (Gemma): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
@@ -84,8 +88,9 @@ PRISM_HD float Activate(Activation act, float x) {
   return act == Activation::kGeluTanh ? GeluTanh(x) : Silu(x);
 }
 
+// cap * tanh(logit * (1/cap)); cap <= 0 disables soft-capping.
 PRISM_HD float Softcap(float logit, float cap) {
-  return cap > 0.0f ? cap * tanhf(logit / cap) : logit;
+  return cap > 0.0f ? cap * tanhf(logit * (1.0f / cap)) : logit;
 }
 
 // Canonical sum of f(d) over d in [0, n) on the host (the CUDA version is a warp loop).

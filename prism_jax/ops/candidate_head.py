@@ -59,7 +59,7 @@ def _check_candidates(hidden, embedding, ids, counts) -> None:
 
 def _softcap(logits, softcap: float):
     if softcap > 0:
-        return jnp.float32(softcap) * jnp.tanh(logits / jnp.float32(softcap))
+        return jnp.float32(softcap) * jnp.tanh(logits * (np.float32(1.0) / np.float32(softcap)))
     return logits
 
 

@@ -1,10 +1,11 @@
-"""Per-row symmetric INT8 quantisation, exactly as cc/numerics.h: scale = amax / 127,
+"""Per-row symmetric INT8 quantisation, exactly as cc/numerics.h: scale = amax * (1/127),
 code = round_half_even(y * (127 / amax)), clipped to [-127, 127]; zero rows -> scale 0."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 QMAX = 127.0
 
@@ -14,7 +15,7 @@ def quantize_rows(y: jax.Array) -> tuple[jax.Array, jax.Array]:
     amax = jnp.max(jnp.abs(y), axis=-1)  # max is exact in any order
     inverse = jnp.where(amax > 0, jnp.float32(QMAX) / jnp.where(amax > 0, amax, 1.0), 0.0)
     codes = jnp.clip(jnp.round(y * inverse[..., None]), -QMAX, QMAX).astype(jnp.int8)
-    return codes, amax / jnp.float32(QMAX)
+    return codes, amax * (np.float32(1.0) / np.float32(QMAX))
 
 
 def dequantize_rows(codes: jax.Array, scales: jax.Array) -> jax.Array:

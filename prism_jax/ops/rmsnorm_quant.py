@@ -40,7 +40,12 @@ def _normalize_reference(h, gamma, eps: float, weight_offset: float):
     """h float32 [..., D] -> y float32 [..., D] with the kernels' exact arithmetic."""
     d = h.shape[-1]
     ss = canonical_sum(h * h)
-    inv = jnp.float32(1.0) / jnp.sqrt(ss / jnp.float32(d) + jnp.float32(eps))
+    inv_d = np.float32(1.0) / np.float32(d)  # numerics.h: reciprocal first, then multiply
+    # Barriers keep XLA from contracting ss * inv_d + eps into an FMA and from rewriting
+    # 1 / sqrt(v) into rsqrt(v); the kernels round the product and use IEEE sqrt and division.
+    mean = jax.lax.optimization_barrier(ss * inv_d)
+    root = jax.lax.optimization_barrier(jnp.sqrt(mean + jnp.float32(eps)))
+    inv = jnp.float32(1.0) / root
     weight = jnp.float32(weight_offset) + gamma.astype(jnp.float32)
     return (h * inv[..., None]) * weight
 

@@ -1,0 +1,107 @@
+// prism_glu_quant on CUDA; the specification is glu_quant_cpu.cc. Shapes: M rows, F ffw dim.
+//   gate, up [M, F] f32|bf16 -> a_q s8 [M, F], s_a f32 [M]; attr activation (numerics.h).
+// a = Activate(gate) * up, then per-row symmetric INT8 quantisation. One block per row: pass 1
+// takes the row's amax (exact in any order), pass 2 recomputes a and writes the codes, since
+// no F-sized scratch is passed in. expf/tanhf are CUDA's, so a (and rarely a code) may differ
+// from the CPU by an ulp-level amount; the result still depends only on the row.
+#include <cuda_runtime.h>
+
+#include "cc/common.h"
+#include "cc/cuda_common.cuh"
+#include "cc/numerics.h"
+
+namespace prism {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / kWarpSize;
+
+template <typename T>
+struct GluArgs {
+  const T* __restrict__ gate;
+  const T* __restrict__ up;
+  int8_t* __restrict__ q;
+  float* __restrict__ s;
+  int64_t f;
+  Activation act;
+};
+
+template <typename T>
+__device__ __forceinline__ void GluChunk(const GluArgs<T>& a, int64_t i0, int cnt,
+                                         float (&v)[kVec]) {
+  float u[kVec];
+  LoadChunk(a.gate + i0, cnt, v);
+  LoadChunk(a.up + i0, cnt, u);
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) v[i] = __fmul_rn(Activate(a.act, v[i]), u[i]);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) GluRowsKernel(GluArgs<T> a) {
+  __shared__ float scratch[kWarps];
+  const int64_t off = static_cast<int64_t>(blockIdx.x) * a.f;
+  const int64_t first = off + static_cast<int64_t>(threadIdx.x) * kVec;
+  const int64_t end = off + a.f;
+  float v[kVec];
+  float amax = 0.0f;
+  for (int64_t i0 = first; i0 < end; i0 += kThreads * kVec) {
+    const int cnt = ChunkCount(i0, end);
+    GluChunk(a, i0, cnt, v);
+    for (int i = 0; i < cnt; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  }
+  amax = BlockMax<kThreads>(amax, scratch);
+  const float inv = QuantInverse(amax);
+  for (int64_t i0 = first; i0 < end; i0 += kThreads * kVec) {
+    const int cnt = ChunkCount(i0, end);
+    GluChunk(a, i0, cnt, v);
+    int8_t codes[kVec];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) codes[i] = QuantCode(v[i], inv);
+    StoreCodes(a.q + i0, cnt, codes);
+  }
+  if (threadIdx.x == 0) a.s[blockIdx.x] = QuantScale(amax);
+}
+
+template <typename T>
+ffi::Error Launch(cudaStream_t stream, const ffi::AnyBuffer& gate, const ffi::AnyBuffer& up,
+                  int8_t* q, float* s, Activation act) {
+  const int64_t m = gate.dimensions()[0], f = gate.dimensions()[1];
+  if (m == 0) return ffi::Error::Success();
+  PRISM_REQUIRE(m <= 0x7fffffff, "prism_glu_quant: too many rows for one grid");
+  const GluArgs<T> a{gate.reinterpret_data<T>(), up.reinterpret_data<T>(), q, s, f, act};
+  GluRowsKernel<T><<<static_cast<unsigned>(m), kThreads, 0, stream>>>(a);
+  return LaunchStatus("prism_glu_quant");
+}
+
+ffi::Error GluQuantCuda(cudaStream_t stream, ffi::AnyBuffer gate, ffi::AnyBuffer up,
+                        ffi::Result<ffi::BufferR2<ffi::S8>> a_q,
+                        ffi::Result<ffi::BufferR1<ffi::F32>> s_a, int32_t activation) {
+  PRISM_REQUIRE(gate.dimensions().size() == 2, "prism_glu_quant: gate must be [M, F]");
+  PRISM_REQUIRE(IsFloatActivation(gate.element_type()),
+                "prism_glu_quant: gate must be float32 or bfloat16");
+  PRISM_REQUIRE(up.element_type() == gate.element_type() &&
+                    up.element_count() == gate.element_count(),
+                "prism_glu_quant: up must match gate in shape and dtype");
+  PRISM_REQUIRE(activation == 0 || activation == 1,
+                "prism_glu_quant: activation must be 0 (gelu_tanh) or 1 (silu)");
+  const auto act = static_cast<Activation>(activation);
+  if (gate.element_type() == ffi::DataType::F32) {
+    return Launch<float>(stream, gate, up, a_q->typed_data(), s_a->typed_data(), act);
+  }
+  return Launch<uint16_t>(stream, gate, up, a_q->typed_data(), s_a->typed_data(), act);
+}
+
+}  // namespace
+}  // namespace prism
+
+namespace ffi = xla::ffi;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismGluQuantCuda, prism::GluQuantCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()            // gate [M, F] f32|bf16
+                                  .Arg<ffi::AnyBuffer>()            // up [M, F]
+                                  .Ret<ffi::BufferR2<ffi::S8>>()   // a_q [M, F]
+                                  .Ret<ffi::BufferR1<ffi::F32>>()  // s_a [M]
+                                  .Attr<int32_t>("activation"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});

@@ -1,0 +1,237 @@
+// RMSNorm custom calls on CUDA; the specification is norm_quant_cpu.cc and the results are
+// bit-identical to it. Shapes: M rows, D model dim.
+//   prism_rmsnorm            x [M, D], gamma [D]            -> y [M, D] (x's dtype)
+//   prism_rmsnorm_quant      x [M, D], gamma [D]            -> x_q s8 [M, D], s_x f32 [M]
+//   prism_add_rmsnorm_quant  x, residual [M, D], gamma [D]  -> x_q, s_x, h = x + residual
+// One block per row. Warp 0 computes the sum of squares in the canonical order (the only
+// order-sensitive step); then the whole block normalises, takes the (exact) amax and quantises,
+// recomputing y rather than keeping a D-sized scratch, since no scratch buffer is passed in.
+#include <cuda_runtime.h>
+
+#include "cc/common.h"
+#include "cc/cuda_common.cuh"
+#include "cc/numerics.h"
+
+namespace prism {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / kWarpSize;
+
+// One launch's pointers; null pointers switch parts off, as in the CPU's NormRows. h, x and
+// residual may alias (in-place residual update): every element is read before it is written
+// by the same thread, and later passes read h, so no __restrict__ here.
+template <typename T>
+struct NormArgs {
+  const T* x;
+  const T* residual;
+  const float* gamma;
+  T* h;
+  T* y;
+  int8_t* q;
+  float* s;
+  int64_t d;
+  float eps;
+  float weight_offset;
+};
+
+// The value the CPU normalises when there is a residual: x + residual rounded to T.
+template <typename T>
+__device__ __forceinline__ float RoundToStorage(float v) {
+  T stored;
+  FromF32(v, &stored);
+  return ToF32(stored);
+}
+
+// Warp 0's pass: canonical sum of h^2, writing h = x + residual on the way when present.
+template <typename T>
+__device__ float SumSquares(const NormArgs<T>& a, int64_t off, int lane) {
+  return WarpCanonicalSum(a.d, lane, [&](int64_t d0, int cnt, float (&t)[kVec]) {
+    float v[kVec];
+    LoadChunk(a.x + off + d0, cnt, v);
+    if (a.residual != nullptr) {
+      float rv[kVec];
+      LoadChunk(a.residual + off + d0, cnt, rv);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) v[i] = RoundToStorage<T>(__fadd_rn(v[i], rv[i]));
+      StoreChunk(a.h + off + d0, cnt, v);
+    }
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) t[i] = __fmul_rn(v[i], v[i]);
+  });
+}
+
+// y = (h * inv) * (weight_offset + gamma) for one chunk, as NormRow does.
+template <typename T>
+__device__ __forceinline__ void NormChunk(const T* src, const NormArgs<T>& a, int64_t d0,
+                                          int cnt, float inv, float (&y)[kVec]) {
+  float g[kVec];
+  LoadChunk(src + d0, cnt, y);
+  LoadChunk(a.gamma + d0, cnt, g);
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    y[i] = __fmul_rn(__fmul_rn(y[i], inv), __fadd_rn(a.weight_offset, g[i]));
+  }
+}
+
+// Passes after the sum: write y, or amax then codes. Chunks are spread over the whole block.
+template <typename T>
+__device__ void NormalizeRow(const NormArgs<T>& a, int64_t off, float inv, float* scratch) {
+  const T* src = (a.residual != nullptr ? a.h : a.x) + off;  // h holds the rounded sum
+  const int64_t first = static_cast<int64_t>(threadIdx.x) * kVec;
+  float y[kVec];
+  if (a.y != nullptr) {
+    for (int64_t d0 = first; d0 < a.d; d0 += kThreads * kVec) {
+      const int cnt = ChunkCount(d0, a.d);
+      NormChunk(src, a, d0, cnt, inv, y);
+      StoreChunk(a.y + off + d0, cnt, y);
+    }
+  }
+  if (a.q == nullptr) return;
+  float amax = 0.0f;
+  for (int64_t d0 = first; d0 < a.d; d0 += kThreads * kVec) {
+    const int cnt = ChunkCount(d0, a.d);
+    NormChunk(src, a, d0, cnt, inv, y);
+    for (int i = 0; i < cnt; ++i) amax = fmaxf(amax, fabsf(y[i]));
+  }
+  amax = BlockMax<kThreads>(amax, scratch);
+  const float qinv = QuantInverse(amax);
+  for (int64_t d0 = first; d0 < a.d; d0 += kThreads * kVec) {
+    const int cnt = ChunkCount(d0, a.d);
+    NormChunk(src, a, d0, cnt, inv, y);
+    int8_t codes[kVec];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) codes[i] = QuantCode(y[i], qinv);
+    StoreCodes(a.q + off + d0, cnt, codes);
+  }
+  if (threadIdx.x == 0) a.s[blockIdx.x] = QuantScale(amax);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) NormRowsKernel(NormArgs<T> a) {
+  __shared__ float inv_shared;
+  __shared__ float scratch[kWarps];
+  const int64_t off = static_cast<int64_t>(blockIdx.x) * a.d;
+  if (threadIdx.x < kWarpSize) {
+    const float ss = SumSquares(a, off, static_cast<int>(threadIdx.x));
+    if (threadIdx.x == 0) inv_shared = InverseRms(ss, a.d, a.eps);
+  }
+  __syncthreads();  // publishes inv and, for add_rmsnorm, warp 0's writes of h
+  NormalizeRow(a, off, inv_shared, scratch);
+}
+
+template <typename T>
+ffi::Error Launch(cudaStream_t stream, int64_t m, const NormArgs<T>& a, const char* op) {
+  if (m == 0) return ffi::Error::Success();
+  PRISM_REQUIRE(m <= 0x7fffffff, std::string(op) + ": too many rows for one grid");
+  NormRowsKernel<T><<<static_cast<unsigned>(m), kThreads, 0, stream>>>(a);
+  return LaunchStatus(op);
+}
+
+ffi::Error CheckRows(const ffi::AnyBuffer& x, const ffi::BufferR1<ffi::F32>& gamma,
+                     const char* op) {
+  const std::string name(op);
+  PRISM_REQUIRE(x.dimensions().size() == 2, name + ": x must be [M, D]");
+  PRISM_REQUIRE(IsFloatActivation(x.element_type()), name + ": x must be float32 or bfloat16");
+  PRISM_REQUIRE(gamma.dimensions()[0] == x.dimensions()[1], name + ": gamma must be [D]");
+  return ffi::Error::Success();
+}
+
+// Builds NormArgs<T> from raw buffers; absent parts are null.
+template <typename T>
+NormArgs<T> MakeArgs(const ffi::AnyBuffer& x, const ffi::AnyBuffer* residual,
+                     const ffi::BufferR1<ffi::F32>& gamma, void* h, void* y, int8_t* q,
+                     float* s, float eps, float weight_offset) {
+  return NormArgs<T>{x.reinterpret_data<T>(),
+                     residual != nullptr ? residual->reinterpret_data<T>() : nullptr,
+                     gamma.typed_data(),
+                     static_cast<T*>(h),
+                     static_cast<T*>(y),
+                     q,
+                     s,
+                     x.dimensions()[1],
+                     eps,
+                     weight_offset};
+}
+
+// Dispatches on x's dtype (f32 or bf16 stored as uint16_t).
+ffi::Error Run(cudaStream_t stream, const ffi::AnyBuffer& x, const ffi::AnyBuffer* residual,
+               const ffi::BufferR1<ffi::F32>& gamma, void* h, void* y, int8_t* q, float* s,
+               float eps, float weight_offset, const char* op) {
+  const int64_t m = x.dimensions()[0];
+  if (x.element_type() == ffi::DataType::F32) {
+    return Launch(stream, m, MakeArgs<float>(x, residual, gamma, h, y, q, s, eps, weight_offset),
+                  op);
+  }
+  return Launch(stream, m, MakeArgs<uint16_t>(x, residual, gamma, h, y, q, s, eps, weight_offset),
+                op);
+}
+
+ffi::Error RmsNormCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::BufferR1<ffi::F32> gamma,
+                       ffi::Result<ffi::AnyBuffer> y, float eps, float weight_offset) {
+  if (auto e = CheckRows(x, gamma, "prism_rmsnorm"); e.failure()) return e;
+  PRISM_REQUIRE(y->element_type() == x.element_type(), "prism_rmsnorm: y must have x's dtype");
+  return Run(stream, x, nullptr, gamma, nullptr, y->untyped_data(), nullptr, nullptr, eps,
+             weight_offset, "prism_rmsnorm");
+}
+
+ffi::Error RmsNormQuantCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::BufferR1<ffi::F32> gamma,
+                            ffi::Result<ffi::BufferR2<ffi::S8>> x_q,
+                            ffi::Result<ffi::BufferR1<ffi::F32>> s_x, float eps,
+                            float weight_offset) {
+  if (auto e = CheckRows(x, gamma, "prism_rmsnorm_quant"); e.failure()) return e;
+  return Run(stream, x, nullptr, gamma, nullptr, nullptr, x_q->typed_data(), s_x->typed_data(),
+             eps, weight_offset, "prism_rmsnorm_quant");
+}
+
+ffi::Error AddRmsNormQuantCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer residual,
+                               ffi::BufferR1<ffi::F32> gamma,
+                               ffi::Result<ffi::BufferR2<ffi::S8>> x_q,
+                               ffi::Result<ffi::BufferR1<ffi::F32>> s_x,
+                               ffi::Result<ffi::AnyBuffer> h, float eps, float weight_offset) {
+  if (auto e = CheckRows(x, gamma, "prism_add_rmsnorm_quant"); e.failure()) return e;
+  PRISM_REQUIRE(residual.element_type() == x.element_type() &&
+                    residual.element_count() == x.element_count(),
+                "prism_add_rmsnorm_quant: residual must match x in shape and dtype");
+  return Run(stream, x, &residual, gamma, h->untyped_data(), nullptr, x_q->typed_data(),
+             s_x->typed_data(), eps, weight_offset, "prism_add_rmsnorm_quant");
+}
+
+}  // namespace
+}  // namespace prism
+
+namespace ffi = xla::ffi;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismRmsNormCuda, prism::RmsNormCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()              // x [M, D] f32|bf16
+                                  .Arg<ffi::BufferR1<ffi::F32>>()    // gamma [D]
+                                  .Ret<ffi::AnyBuffer>()              // y [M, D] x's dtype
+                                  .Attr<float>("eps")
+                                  .Attr<float>("weight_offset"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismRmsNormQuantCuda, prism::RmsNormQuantCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()              // x [M, D] f32|bf16
+                                  .Arg<ffi::BufferR1<ffi::F32>>()    // gamma [D]
+                                  .Ret<ffi::BufferR2<ffi::S8>>()     // x_q [M, D]
+                                  .Ret<ffi::BufferR1<ffi::F32>>()    // s_x [M]
+                                  .Attr<float>("eps")
+                                  .Attr<float>("weight_offset"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismAddRmsNormQuantCuda, prism::AddRmsNormQuantCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()              // x [M, D] f32|bf16
+                                  .Arg<ffi::AnyBuffer>()              // residual [M, D]
+                                  .Arg<ffi::BufferR1<ffi::F32>>()    // gamma [D]
+                                  .Ret<ffi::BufferR2<ffi::S8>>()     // x_q [M, D]
+                                  .Ret<ffi::BufferR1<ffi::F32>>()    // s_x [M]
+                                  .Ret<ffi::AnyBuffer>()              // h = x + residual
+                                  .Attr<float>("eps")
+                                  .Attr<float>("weight_offset"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});

@@ -1,0 +1,84 @@
+"""int8_gemm against an int64 reference (exact) and the pure-jnp reference (bitwise)."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from prism_jax import ops
+from tests.conftest import assert_bitwise_equal, run_on
+from tests.ops.invariance import check_row_invariance
+
+# (M, K, N): M = 1, sizes that are no multiple of any tile, one 27B-like K.
+SHAPES = [(1, 1, 1), (1, 37, 11), (3, 64, 130), (17, 129, 65), (64, 1000, 96), (5, 5376, 40)]
+
+
+def random_int8(rng, shape, extreme=False):
+    if extreme:  # the largest magnitudes the contract allows, with both signs
+        return rng.choice(np.array([-127, 127], np.int8), size=shape)
+    return rng.integers(-127, 128, size=shape, dtype=np.int8)
+
+
+def epilogue(acc: np.ndarray, s_x: np.ndarray, s_w: np.ndarray) -> np.ndarray:
+    """(float32(acc) * s_x[m]) * s_w[n] in float32, the contract's order."""
+    return (acc.astype(np.float32) * s_x[:, None]).astype(np.float32) * s_w[None, :]
+
+
+@pytest.mark.parametrize("m,k,n", SHAPES)
+@pytest.mark.parametrize("extreme", [False, True])
+def test_integer_part_is_exact(device, rng, m, k, n, extreme):
+    x, w = random_int8(rng, (m, k), extreme), random_int8(rng, (n, k), extreme)
+    ones_m, ones_n = np.ones(m, np.float32), np.ones(n, np.float32)
+    y = run_on(device, ops.int8_gemm, x, ones_m, w, ones_n)
+    acc64 = x.astype(np.int64) @ w.astype(np.int64).T
+    # With unit scales y is float32(acc); int32 -> float32 rounding equals int64 -> float32's.
+    assert_bitwise_equal(y, acc64.astype(np.float32), "int8_gemm integer part")
+
+
+@pytest.mark.parametrize("m,k,n", SHAPES)
+@pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
+def test_matches_reference_bitwise(device, rng, m, k, n, out_dtype):
+    x, w = random_int8(rng, (m, k)), random_int8(rng, (n, k))
+    s_x = rng.uniform(1e-4, 1e-1, m).astype(np.float32)
+    s_w = rng.uniform(1e-4, 1e-1, n).astype(np.float32)
+    y = run_on(device, ops.int8_gemm, x, s_x, w, s_w, out_dtype=out_dtype)
+    ref = run_on(device, ops.int8_gemm, x, s_x, w, s_w, out_dtype=out_dtype, impl="reference")
+    assert y.dtype == np.dtype(out_dtype)
+    assert_bitwise_equal(y, ref, "int8_gemm vs reference")
+    expected = epilogue(x.astype(np.int64) @ w.astype(np.int64).T, s_x, s_w)
+    assert_bitwise_equal(y, np.asarray(jnp.asarray(expected).astype(out_dtype)), "vs numpy")
+
+
+def test_zero_rows_and_leading_dims(device, rng):
+    x = random_int8(rng, (2, 3, 70))
+    x[1, 2] = 0
+    w = random_int8(rng, (33, 70))
+    s_x, s_w = np.full((2, 3), 0.5, np.float32), np.full(33, 0.25, np.float32)
+    y = run_on(device, ops.int8_gemm, x, s_x, w, s_w)
+    assert y.shape == (2, 3, 33)
+    assert not np.any(y[1, 2]), "an all-zero row must give exact zeros"
+
+
+@pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
+def test_row_invariance(device, rng, out_dtype):
+    k, n = 300, 77
+    w = random_int8(rng, (n, k))
+    s_w = rng.uniform(1e-3, 1e-2, n).astype(np.float32)
+    row = (random_int8(rng, (k,)), np.float32(rng.uniform(1e-3, 1e-2)))
+
+    def others(count):
+        return random_int8(rng, (count, k)), rng.uniform(1e-3, 1e-2, count).astype(np.float32)
+
+    def gemm(x, s_x, w, s_w):
+        return ops.int8_gemm(x, s_x, w, s_w, out_dtype=out_dtype)
+
+    check_row_invariance(device, gemm, [row[0], np.asarray(row[1])], others, [w, s_w])
+
+
+def test_cuda_matches_cpu(gpu, rng):
+    m, k, n = 40, 517, 300
+    x, w = random_int8(rng, (m, k)), random_int8(rng, (n, k))
+    s_x, s_w = rng.random(m).astype(np.float32), rng.random(n).astype(np.float32)
+    import jax
+
+    cpu = run_on(jax.devices("cpu")[0], ops.int8_gemm, x, s_x, w, s_w)
+    assert_bitwise_equal(run_on(gpu, ops.int8_gemm, x, s_x, w, s_w), cpu, "CUDA vs CPU")

@@ -1,0 +1,111 @@
+"""rmsnorm, rmsnorm_quant and add_rmsnorm_quant against the canonical-order reference.
+
+The reference sums squares in the kernels' canonical order, so results must match bitwise.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from prism_jax import ops
+from tests.conftest import assert_bitwise_equal, run_on
+from tests.ops.invariance import check_row_invariance
+
+SHAPES = [(1, 1), (1, 640), (3, 7), (5, 257), (19, 1152), (2, 5376)]
+DTYPES = [jnp.float32, jnp.bfloat16]
+STYLES = [dict(eps=1e-6, weight_offset=1.0), dict(eps=1e-5, weight_offset=0.0)]  # Gemma, Llama
+
+
+def activations(rng, shape, dtype, scale=1.0):
+    x = rng.normal(0, scale, shape).astype(np.float32)
+    if shape[0] > 1:
+        x[shape[0] // 2] = 0.0  # an all-zero row
+    return np.asarray(jnp.asarray(x).astype(dtype))
+
+
+def both(device, fn, *args, **kwargs):
+    return run_on(device, fn, *args, **kwargs), run_on(device, fn, *args, impl="reference", **kwargs)
+
+
+@pytest.mark.parametrize("m,d", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("style", STYLES)
+@pytest.mark.parametrize("scale", [1.0, 3e4])
+def test_rmsnorm_quant_bitwise(device, rng, m, d, dtype, style, scale):
+    x = activations(rng, (m, d), dtype, scale)
+    gamma = rng.normal(0, 0.5, d).astype(np.float32)
+    (q, s), (q_ref, s_ref) = both(device, ops.rmsnorm_quant, x, gamma, **style)
+    assert q.dtype == np.int8 and s.dtype == np.float32
+    assert_bitwise_equal(q, q_ref, "codes")
+    assert_bitwise_equal(s, s_ref, "scales")
+    assert np.abs(q).max() <= 127
+    if m > 1:
+        assert s[m // 2] == 0 and not q[m // 2].any(), "zero row -> zero scale and codes"
+
+
+@pytest.mark.parametrize("m,d", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("style", STYLES)
+def test_add_rmsnorm_quant_bitwise(device, rng, m, d, dtype, style):
+    x, res = activations(rng, (m, d), dtype), activations(rng, (m, d), dtype, 4.0)
+    gamma = rng.normal(0, 0.5, d).astype(np.float32)
+    out, ref = both(device, ops.add_rmsnorm_quant, x, res, gamma, **style)
+    for name, a, b in zip(("codes", "scales", "sum"), out, ref, strict=True):
+        assert_bitwise_equal(a, b, name)
+    assert out[2].dtype == np.dtype(dtype)
+
+
+@pytest.mark.parametrize("m,d", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("style", STYLES)
+def test_rmsnorm_bitwise_and_close_to_textbook(device, rng, m, d, dtype, style):
+    x = activations(rng, (m, d), dtype, 10.0)
+    gamma = rng.normal(0, 0.5, d).astype(np.float32)
+    y, y_ref = both(device, ops.rmsnorm, x, gamma, **style)
+    assert_bitwise_equal(y, y_ref, "rmsnorm")
+    x64 = np.asarray(jnp.asarray(x).astype(jnp.float32), np.float64)
+    textbook = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + style["eps"])
+    textbook *= style["weight_offset"] + gamma
+    tol = 1e-2 if dtype == jnp.bfloat16 else 1e-5
+    np.testing.assert_allclose(np.asarray(y, np.float64), textbook, rtol=tol, atol=tol)
+
+
+def test_quantisation_error_is_bounded(device, rng):
+    x = activations(rng, (8, 1000), jnp.float32)
+    gamma = np.zeros(1000, np.float32)
+    q, s = run_on(device, ops.rmsnorm_quant, x, gamma, eps=1e-6, weight_offset=1.0)
+    y = run_on(device, ops.rmsnorm, x, gamma, eps=1e-6, weight_offset=1.0)
+    err = np.abs(ops.dequantize_rows(q, s) - y)
+    assert np.all(err <= s[:, None] / 2 * (1 + 1e-6)), "rounding error above half a step"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_row_invariance(device, rng, dtype):
+    d = 777
+    gamma = rng.normal(0, 0.5, d).astype(np.float32)
+    x, r = activations(rng, (1, d), dtype)[0], activations(rng, (1, d), dtype)[0]
+
+    def others(n):
+        return activations(rng, (n, d), dtype), activations(rng, (n, d), dtype)
+
+    def fused(x, res, gamma):
+        return ops.add_rmsnorm_quant(x, res, gamma, eps=1e-6, weight_offset=1.0)
+
+    def plain(x, res, gamma):
+        return ops.rmsnorm(x, gamma, eps=1e-6)
+
+    check_row_invariance(device, fused, [x, r], others, [gamma])
+    check_row_invariance(device, plain, [x, r], others, [gamma])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_matches_cpu_bitwise(gpu, rng, dtype):
+    x, res = activations(rng, (37, 5376), dtype), activations(rng, (37, 5376), dtype)
+    gamma = rng.normal(0, 0.5, 5376).astype(np.float32)
+    cpu = jax.devices("cpu")[0]
+    for fn, args in ((ops.add_rmsnorm_quant, (x, res, gamma)), (ops.rmsnorm, (x, gamma))):
+        out_gpu = run_on(gpu, fn, *args, eps=1e-6, weight_offset=1.0)
+        out_cpu = run_on(cpu, fn, *args, eps=1e-6, weight_offset=1.0)
+        for a, b in zip(jax.tree.leaves(out_gpu), jax.tree.leaves(out_cpu), strict=True):
+            assert_bitwise_equal(a, b, f"{fn.__name__}: CUDA vs CPU")
