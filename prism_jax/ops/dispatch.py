@@ -32,9 +32,9 @@ def resolve_impl(impl: Impl | None) -> Impl:
 def use_impl(impl: Impl) -> Iterator[None]:
     """Runs every op in the scope with `impl` ("ffi" or "reference")."""
     resolve_impl(impl)
-    assert getattr(_state, "impl", None) is None, "use_impl scopes do not nest"
+    assert not hasattr(_state, "impl"), "use_impl scopes do not nest"
     _state.impl = impl
     try:
         yield
     finally:
-        _state.impl = None
+        del _state.impl

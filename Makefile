@@ -1,0 +1,45 @@
+# prism_jax developer entry points. `make test` works on a fresh machine of the CI kind
+# (Python 3.12 via pyenv, PyPI and Debian packages reachable, nvcc optional).
+PYTHON_VERSION ?= 3.12.1
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+CC_SOURCES := $(shell find cc -name '*.cc' -o -name '*.cu' -o -name '*.h' -o -name '*.cuh') cc/sources.txt
+PYTEST_ARGS ?=
+
+.PHONY: venv build test demo bazel bazel-deps lint clean
+
+venv: $(VENV)/.deps
+$(VENV)/.deps: pyproject.toml
+	test -x $(PY) || PYENV_VERSION=$(PYTHON_VERSION) python3.12 -m venv $(VENV) || python3.12 -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	# Build requirements come from pyproject.toml so the two lists cannot drift.
+	$(PIP) install $$($(PY) -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires']))") cmake ninja
+	touch $@
+
+# Editable install: the extension is compiled by scikit-build-core + CMake (CUDA too when nvcc
+# is on PATH) into build/, Python sources are used in place.
+build: $(VENV)/.built
+$(VENV)/.built: $(VENV)/.deps CMakeLists.txt $(CC_SOURCES)
+	$(PIP) install --no-build-isolation -e ".[test,dev]"
+	touch $@
+
+test: build
+	$(PY) -m pytest -q -ra $(PYTEST_ARGS) tests
+
+demo: build
+	$(PY) examples/ops_demo.py
+
+# Bazel (offline, Debian's bazel-bootstrap); tests/test_bazel_build.py runs it when present.
+bazel-deps:
+	command -v bazel >/dev/null || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bazel-bootstrap)
+
+bazel: bazel-deps venv
+	PRISM_PYTHON=$(abspath $(PY)) bazel build //:prism_ops
+
+lint: venv
+	$(PY) -m ruff check prism_jax tests benchmarks examples
+	$(PY) -m ruff format --check prism_jax tests benchmarks examples
+
+clean:
+	rm -rf build $(VENV)/.built

@@ -1,0 +1,71 @@
+"""glu_quant against its reference: codes within one step (XLA's tanh/exp differ from libm by
+an ulp), scales to float32 rounding; row invariance bitwise."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from prism_jax import ops
+from tests.conftest import run_on
+from tests.ops.invariance import check_row_invariance
+
+SHAPES = [(1, 1), (1, 1152), (3, 7), (9, 257), (33, 2048)]
+
+
+def gate_up(rng, shape, dtype, scale=2.0):
+    g = rng.normal(0, scale, shape).astype(np.float32)
+    u = rng.normal(0, scale, shape).astype(np.float32)
+    if shape[0] > 2:
+        u[1] = 0.0  # all-zero product row
+    return np.asarray(jnp.asarray(g).astype(dtype)), np.asarray(jnp.asarray(u).astype(dtype))
+
+
+@pytest.mark.parametrize("m,f", SHAPES)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("activation", ["gelu_tanh", "silu"])
+@pytest.mark.parametrize("scale", [2.0, 300.0])
+def test_matches_reference(device, rng, m, f, dtype, activation, scale):
+    g, u = gate_up(rng, (m, f), dtype, scale)
+    q, s = run_on(device, ops.glu_quant, g, u, activation=activation)
+    q_ref, s_ref = run_on(device, ops.glu_quant, g, u, activation=activation, impl="reference")
+    assert q.dtype == np.int8 and s.shape == (m,)
+    np.testing.assert_allclose(s, s_ref, rtol=2e-6, atol=0)
+    assert np.abs(q.astype(np.int32) - q_ref).max() <= 1, "codes differ by more than one step"
+    assert np.abs(q).max() <= 127
+    if m > 2:
+        assert s[1] == 0 and not q[1].any(), "zero row -> zero scale and codes"
+
+
+@pytest.mark.parametrize("activation", ["gelu_tanh", "silu"])
+def test_activation_values(device, activation):
+    x = np.linspace(-8, 8, 1001, dtype=np.float32)[None]
+    q, s = run_on(device, ops.glu_quant, x, np.ones_like(x), activation=activation)
+    x64 = x.astype(np.float64)
+    if activation == "silu":
+        expected = x64 / (1 + np.exp(-x64))
+    else:
+        expected = 0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64**3)))
+    np.testing.assert_allclose(q * s[:, None], expected, atol=s[0] / 2 * 1.001)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_row_invariance(device, rng, dtype):
+    f = 1000
+    g, u = gate_up(rng, (1, f), dtype)
+
+    def others(n):
+        return gate_up(rng, (n, f), dtype)
+
+    for activation in ("gelu_tanh", "silu"):
+        check_row_invariance(device, ops.glu_quant, [g[0], u[0]], others, activation=activation)
+
+
+def test_cuda_matches_cpu(gpu, rng):
+    g, u = gate_up(rng, (64, 21504 // 8), jnp.bfloat16)
+    cpu = jax.devices("cpu")[0]
+    for activation in ("gelu_tanh", "silu"):
+        q_gpu, s_gpu = run_on(gpu, ops.glu_quant, g, u, activation=activation)
+        q_cpu, s_cpu = run_on(cpu, ops.glu_quant, g, u, activation=activation)
+        np.testing.assert_allclose(s_gpu, s_cpu, rtol=2e-6)
+        assert np.abs(q_gpu.astype(np.int32) - q_cpu).max() <= 1

@@ -1,0 +1,145 @@
+"""The offline Bazel build (WORKSPACE, BUILD, bazel/) yields a working prism_jax._prism_ops.
+
+Builds //:prism_ops, checks that Bazel compiled the same source list as CMakeLists.txt (both
+read cc/sources.txt) and imports the extension in the interpreter Bazel built it for.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILD_TIMEOUT_S = 20 * 60  # a cold CUDA build compiles CUTLASS kernels on 2 cores
+TARGETS = {
+    "prism_int8_gemm",
+    "prism_rmsnorm",
+    "prism_rmsnorm_quant",
+    "prism_add_rmsnorm_quant",
+    "prism_glu_quant",
+    "prism_candidate_head",
+    "prism_vocab_logsumexp",
+}
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("bazel") is None, reason="bazel is not on PATH"),
+]
+
+
+def _bazel(*args: str, timeout: float = 120) -> str:
+    try:
+        proc = subprocess.run(
+            ["bazel", *args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout
+        pytest.fail(f"bazel {' '.join(args)} ran past {timeout:.0f} s:\n{(out or '')[-8000:]}")
+    if proc.returncode != 0:
+        pytest.fail(f"bazel {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-8000:]}")
+    return proc.stdout
+
+
+def _read_bzl(path: Path) -> dict:
+    """The NAME = literal assignments of a generated .bzl (Starlark literals are Python's)."""
+    values = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign):
+            values[node.targets[0].id] = ast.literal_eval(node.value)
+    return values
+
+
+def _cmake_sources() -> dict[str, list[str]]:
+    """cc/sources.txt read the way CMakeLists.txt reads it (same regexes)."""
+    srcs: dict[str, list[str]] = {"module": [], "cpu": [], "cuda": []}
+    for line in (ROOT / "cc" / "sources.txt").read_text().splitlines():
+        if re.match(r"[a-z]", line):
+            kind, path = re.match(r"([a-z]+)[ \t]+([^ \t]+)", line).groups()
+            srcs[kind].append(path)
+    return srcs
+
+
+def _cuda_expected() -> bool:
+    """bazel/prism_config.bzl's rule: nvcc under CUDA_PATH or /usr/local/cuda, unless PRISM_CUDA
+    turns it off."""
+    if os.environ.get("PRISM_CUDA", "").lower() in ("0", "off", "false", "no"):
+        return False
+    cuda = os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    return (Path(cuda) / "bin" / "nvcc").exists()
+
+
+@pytest.fixture(scope="module")
+def built() -> dict:
+    _bazel("build", "//:prism_ops", timeout=BUILD_TIMEOUT_S)
+    info = dict(
+        line.split(": ", 1) for line in _bazel("info", "bazel-bin", "output_base").splitlines()
+    )
+    config = Path(info["output_base"]) / "external" / "prism_config"
+    return {
+        "so": Path(info["bazel-bin"]) / "_prism_ops.so",
+        "config": _read_bzl(config / "config.bzl"),
+        "sources": _read_bzl(config / "sources.bzl"),
+    }
+
+
+def test_bazel_compiles_cmakes_source_list(built):
+    cmake = _cmake_sources()
+    assert cmake["module"] and cmake["cpu"], "cc/sources.txt lists no module/cpu sources"
+    assert built["sources"] == {
+        "MODULE_SRCS": cmake["module"],
+        "CPU_SRCS": cmake["cpu"],
+        "CUDA_SRCS": cmake["cuda"],
+    }
+
+
+def test_cuda_detected_as_documented(built):
+    assert built["config"]["CUDA_ENABLED"] == _cuda_expected()
+
+
+def test_extension_imports_and_registers_every_target(built, tmp_path):
+    assert built["so"].is_file(), f"bazel built no {built['so']}"
+    package = tmp_path / "prism_jax"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    shutil.copy(built["so"], package / "_prism_ops.so")
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        from prism_jax import _prism_ops as m
+        assert m.__file__.startswith({str(tmp_path)!r}), m.__file__
+        regs = {{platform: sorted(fns) for platform, fns in m.registrations().items()}}
+        print(json.dumps({{"with_cuda": m.with_cuda, "registrations": regs}}))
+        """
+    )
+    # The interpreter whose headers Bazel compiled against (bazel/prism_config.bzl).
+    proc = subprocess.run(
+        [built["config"]["PYTHON"], "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, f"import failed:\n{proc.stdout}\n{proc.stderr}"
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    regs = result["registrations"]
+
+    cuda = built["config"]["CUDA_ENABLED"]
+    assert set(regs) == ({"cpu", "CUDA"} if cuda else {"cpu"})
+    assert set(regs["cpu"]) == TARGETS
+    if cuda:
+        assert set(regs["CUDA"]) == TARGETS
+    assert result["with_cuda"] is cuda
