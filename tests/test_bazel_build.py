@@ -125,9 +125,10 @@ def test_extension_imports_and_registers_every_target(built, tmp_path):
         print(json.dumps({{"with_cuda": m.with_cuda, "registrations": regs}}))
         """
     )
-    # The interpreter whose headers Bazel compiled against (bazel/prism_config.bzl).
+    # The interpreter whose headers Bazel compiled against (bazel/prism_config.bzl); -I -S
+    # keep an installed prism_jax (and its editable-install import hooks) out of the way.
     proc = subprocess.run(
-        [built["config"]["PYTHON"], "-c", script],
+        [built["config"]["PYTHON"], "-I", "-S", "-c", script],
         cwd=tmp_path,
         capture_output=True,
         text=True,

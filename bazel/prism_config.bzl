@@ -1,0 +1,138 @@
+"""@prism_config: everything //:prism_ops needs from outside the repository, found locally.
+
+The rule runs the project's Python once to locate the XLA FFI, Python, pybind11 and CUTLASS
+headers, looks for nvcc, symlinks those directories into the external repository and writes:
+  BUILD        header-only cc_library targets (+ cutlass headers and cudart_static with CUDA)
+  config.bzl   PYTHON, CUDA_ENABLED, NVCC
+  sources.bzl  MODULE_SRCS, CPU_SRCS, CUDA_SRCS parsed from cc/sources.txt (CMake's list too)
+
+Inputs, and what re-runs the rule:
+  PRISM_PYTHON   interpreter to ask; else <workspace>/.venv/bin/python; else python3 on PATH
+  PRISM_CUDA     0/off/false/no: CPU only; 1/on: require nvcc; unset: use nvcc when found
+  CUDA_PATH      CUDA toolkit root (default /usr/local/cuda)
+Changing one of these variables, cc/sources.txt or a .tpl here re-runs the rule on the next
+build. Nothing tracks the Python environment itself: after reinstalling jax, pybind11 or
+CUTLASS elsewhere, run `bazel sync --configure`.
+"""
+
+# Printed as key=value lines: one Python start-up answers every question.
+_PROBE = """
+import os, sysconfig
+import jax.ffi, pybind11
+print("python_include=" + sysconfig.get_paths()["include"])
+print("xla_ffi_include=" + jax.ffi.include_dir())
+print("pybind11_include=" + pybind11.get_include())
+try:
+    import cutlass_library
+except ImportError:
+    pass
+else:
+    print("cutlass_include=" + os.path.join(
+        os.path.dirname(cutlass_library.__file__), "source", "include"))
+"""
+
+_SOURCES = Label("//:cc/sources.txt")
+_KINDS = ["module", "cpu", "cuda"]
+
+def _find_python(rctx):
+    workspace = rctx.path(Label("//:WORKSPACE")).dirname
+    python = rctx.os.environ.get("PRISM_PYTHON", "")
+    if python:
+        if "/" not in python:
+            found = rctx.which(python)  # a bare name: look it up on PATH
+        else:
+            found = rctx.path(python if python.startswith("/") else "%s/%s" % (workspace, python))
+        if not found or not found.exists:
+            fail("PRISM_PYTHON=%s: no such interpreter" % python)
+        return found
+    venv = rctx.path("%s/.venv/bin/python" % workspace)
+    if venv.exists:
+        return venv
+    python = rctx.which("python3")
+    if not python:
+        fail("no Python found: set PRISM_PYTHON, create .venv, or put python3 on PATH")
+    return python
+
+def _probe(rctx, python):
+    result = rctx.execute([python, "-c", _PROBE])
+    if result.return_code != 0:
+        fail("%s cannot locate the headers (it needs jax and pybind11):\n%s" % (
+            python,
+            result.stderr,
+        ))
+    found = {}
+    for line in result.stdout.splitlines():
+        key, _, value = line.partition("=")
+        found[key] = value
+    return found
+
+def _parse_sources(text):
+    """CMakeLists.txt's rule: a line counts when it starts with a lowercase letter."""
+    srcs = {kind: [] for kind in _KINDS}
+    for line in text.splitlines():
+        if not line or not ("a" <= line[0] and line[0] <= "z"):
+            continue
+        fields = [f for f in line.replace("\t", " ").split(" ") if f]
+        if len(fields) < 2 or fields[0] not in srcs:
+            fail("cc/sources.txt: cannot read %r (want '<module|cpu|cuda> <path>')" % line)
+        srcs[fields[0]].append(fields[1])
+    return srcs
+
+def _find_nvcc(rctx):
+    """Returns the CUDA root, or None for a CPU-only build."""
+    mode = rctx.os.environ.get("PRISM_CUDA", "").lower()
+    if mode in ["0", "off", "false", "no"]:
+        return None
+    root = rctx.path(rctx.os.environ.get("CUDA_PATH", "") or "/usr/local/cuda")
+    if rctx.path("%s/bin/nvcc" % root).exists:
+        return root
+    if mode:
+        fail("PRISM_CUDA=%s but there is no %s/bin/nvcc (set CUDA_PATH)" % (mode, root))
+    return None
+
+def _prism_config_impl(rctx):
+    python = _find_python(rctx)
+    found = _probe(rctx, python)
+    cuda = _find_nvcc(rctx)
+
+    rctx.symlink(found["python_include"], "python/include")
+    rctx.symlink(found["xla_ffi_include"], "xla_ffi/include")
+    rctx.symlink(found["pybind11_include"], "pybind11/include")
+    build = rctx.read(Label("//bazel:prism_config.BUILD.tpl"))
+    if cuda:
+        cutlass = found.get("cutlass_include", "")
+        if not cutlass or not rctx.path(cutlass + "/cutlass/cutlass.h").exists:
+            fail("CUTLASS headers not found: pip install nvidia-cutlass==4.2.0.0 " +
+                 "into %s (or set PRISM_CUDA=0 for a CPU-only build)" % python)
+        cudart = rctx.path("%s/lib64/libcudart_static.a" % cuda)
+        if not cudart.exists:
+            fail("CUDA at %s has no lib64/libcudart_static.a" % cuda)
+        rctx.symlink(cutlass, "cutlass/include")
+        rctx.symlink(cudart, "cuda/lib64/libcudart_static.a")
+        build += rctx.read(Label("//bazel:prism_config_cuda.BUILD.tpl"))
+    rctx.file("BUILD", build.replace("%{python}", str(python)))
+    rctx.file("WORKSPACE", 'workspace(name = "%s")\n' % rctx.name)
+
+    rctx.file("config.bzl", "\n".join([
+        '"""Generated by //bazel:prism_config.bzl."""',
+        "PYTHON = %r" % str(python),
+        "CUDA_ENABLED = %r" % (cuda != None),
+        "NVCC = %r" % ("%s/bin/nvcc" % cuda if cuda else ""),
+        "",
+    ]))
+    srcs = _parse_sources(rctx.read(_SOURCES))
+    rctx.file("sources.bzl", "\n".join([
+        '"""Generated by //bazel:prism_config.bzl from cc/sources.txt."""',
+        "MODULE_SRCS = %r" % srcs["module"],
+        "CPU_SRCS = %r" % srcs["cpu"],
+        "CUDA_SRCS = %r" % srcs["cuda"],
+        "",
+    ]))
+
+prism_config = repository_rule(
+    implementation = _prism_config_impl,
+    environ = ["PRISM_PYTHON", "PRISM_CUDA", "CUDA_PATH"],
+    # Lets `bazel sync --configure` re-run it after the Python environment changed.
+    configure = True,
+    doc = "Locates headers, nvcc and the source list for //:prism_ops; see the module doc.",
+)
