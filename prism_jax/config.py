@@ -1,0 +1,373 @@
+"""Model and engine configuration: frozen dataclasses, validated once, with named presets.
+
+Shape letters used across the model: D model dim, F ffw dim, N query heads, K kv heads,
+H head dim, V vocab, L layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Literal
+
+Family = Literal["gemma3", "llama", "qwen2", "qwen3"]
+FAMILIES: tuple[str, ...] = ("gemma3", "llama", "qwen2", "qwen3")
+LayerType = Literal["global", "sliding"]
+Precision = Literal["int8", "bf16", "fp32"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Llama3Rope:
+    """Llama 3.1+ frequency-dependent rope scaling (HF rope_type "llama3")."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    family: Family
+    vocab_size: int  # V
+    hidden_size: int  # D
+    intermediate_size: int  # F
+    num_layers: int  # L
+    num_heads: int  # N
+    num_kv_heads: int  # K
+    head_dim: int  # H
+    rms_norm_eps: float
+    rope_theta: float  # global layers
+    activation: Literal["gelu_tanh", "silu"]
+    tie_word_embeddings: bool = True
+    rope_local_theta: float | None = None  # sliding layers (Gemma 3)
+    rope_scaling_factor: float = 1.0  # linear position scaling on global layers (Gemma 3 4B+)
+    rope_llama3: Llama3Rope | None = None  # Llama 3.1+ scaling (all layers are global there)
+    sliding_window: int | None = None
+    layer_types: tuple[LayerType, ...] = ()
+    norm_weight_offset: float = 0.0  # 1.0: Gemma's (1 + gamma)
+    embed_scale: float = 1.0  # Gemma multiplies embeddings by sqrt(D)
+    qk_norm: bool = False  # Gemma 3, Qwen3
+    qkv_bias: bool = False  # Qwen2
+    sandwich_norms: bool = False  # Gemma: post-attention and post-ffw norms
+    query_pre_attn_scalar: float | None = None  # attention scale 1/sqrt(this); default H
+    final_logit_softcap: float = 0.0  # 0 = none
+    max_position_embeddings: int = 32768
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        assert self.num_heads % self.num_kv_heads == 0, (
+            f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+        )
+        if not self.layer_types:
+            object.__setattr__(self, "layer_types", ("global",) * self.num_layers)
+        assert len(self.layer_types) == self.num_layers, (
+            f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers"
+        )
+        if "sliding" in self.layer_types:
+            assert self.sliding_window, "sliding layers need a sliding_window"
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "head_dim"):
+            assert getattr(self, name) > 0, f"{name} must be positive"
+        assert self.family in FAMILIES, f"family must be one of {FAMILIES}, got {self.family!r}"
+        assert self.head_dim % 2 == 0, f"rotary needs an even head_dim, got {self.head_dim}"
+        assert self.rope_llama3 is None or self.rope_scaling_factor == 1.0, (
+            "rope_llama3 and linear rope_scaling_factor are exclusive"
+        )
+
+    @classmethod
+    def from_hf_config(cls, d: dict[str, Any]) -> ModelConfig:
+        """Builds the config from an HF config.json dict (one code path per family).
+
+        Missing optional keys take HF's defaults for that model type, as transformers does;
+        missing shape-defining keys raise a KeyError that names them.
+        """
+        return _from_hf_config(d)
+
+    @property
+    def num_groups(self) -> int:
+        """G: query heads per kv head."""
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def attention_scale(self) -> float:
+        return 1.0 / math.sqrt(self.query_pre_attn_scalar or self.head_dim)
+
+    def rope_theta_for(self, layer: int) -> float:
+        if self.layer_types[layer] == "sliding" and self.rope_local_theta is not None:
+            return self.rope_local_theta
+        return self.rope_theta
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with `changes`; layer_types is re-derived when num_layers changes alone."""
+        if "num_layers" in changes and "layer_types" not in changes and self.family == "gemma3":
+            changes["layer_types"] = gemma3_layer_types(changes["num_layers"])
+        elif "num_layers" in changes and "layer_types" not in changes:
+            changes["layer_types"] = ()
+        return dataclasses.replace(self, **changes)
+
+
+def gemma3_layer_types(num_layers: int, pattern: int = 6) -> tuple[LayerType, ...]:
+    """Gemma 3: five sliding-window layers then one global layer, repeated."""
+    return tuple("global" if (i + 1) % pattern == 0 else "sliding" for i in range(num_layers))
+
+
+def _gemma3(**kw: Any) -> ModelConfig:
+    layers = kw["num_layers"]
+    base = dict(
+        family="gemma3",
+        activation="gelu_tanh",
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        rope_local_theta=10_000.0,
+        layer_types=gemma3_layer_types(layers),
+        norm_weight_offset=1.0,
+        embed_scale=math.sqrt(kw["hidden_size"]),
+        qk_norm=True,
+        sandwich_norms=True,
+        bos_token_id=2,
+        eos_token_ids=(1, 106),
+    )
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+# Values from the published HF config.json files of each model (tests/model/test_config.py
+# rebuilds each preset from those values through from_hf_config).
+GEMMA3_270M = _gemma3(
+    vocab_size=262_144, hidden_size=640, intermediate_size=2048, num_layers=18, num_heads=4,
+    num_kv_heads=1, head_dim=256, sliding_window=512, query_pre_attn_scalar=256,
+)
+GEMMA3_1B = _gemma3(
+    vocab_size=262_144, hidden_size=1152, intermediate_size=6912, num_layers=26, num_heads=4,
+    num_kv_heads=1, head_dim=256, sliding_window=512, query_pre_attn_scalar=256,
+)
+GEMMA3_4B = _gemma3(
+    vocab_size=262_208, hidden_size=2560, intermediate_size=10240, num_layers=34, num_heads=8,
+    num_kv_heads=4, head_dim=256, sliding_window=1024, query_pre_attn_scalar=256,
+    rope_scaling_factor=8.0, max_position_embeddings=131_072,
+)
+GEMMA3_12B = _gemma3(
+    vocab_size=262_208, hidden_size=3840, intermediate_size=15360, num_layers=48, num_heads=16,
+    num_kv_heads=8, head_dim=256, sliding_window=1024, query_pre_attn_scalar=256,
+    rope_scaling_factor=8.0, max_position_embeddings=131_072,
+)
+GEMMA3_27B = _gemma3(
+    vocab_size=262_208, hidden_size=5376, intermediate_size=21504, num_layers=62, num_heads=32,
+    num_kv_heads=16, head_dim=128, sliding_window=1024, query_pre_attn_scalar=168,
+    rope_scaling_factor=8.0, max_position_embeddings=131_072,
+)
+SMOLLM2_135M = ModelConfig(
+    family="llama", vocab_size=49_152, hidden_size=576, intermediate_size=1536, num_layers=30,
+    num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, rope_theta=100_000.0,
+    activation="silu", max_position_embeddings=8192, bos_token_id=1, eos_token_ids=(2,),
+)
+LLAMA3_2_1B = ModelConfig(
+    family="llama", vocab_size=128_256, hidden_size=2048, intermediate_size=8192, num_layers=16,
+    num_heads=32, num_kv_heads=8, head_dim=64, rms_norm_eps=1e-5, rope_theta=500_000.0,
+    activation="silu", max_position_embeddings=131_072, bos_token_id=128_000,
+    eos_token_ids=(128_001,), rope_llama3=Llama3Rope(32.0, 1.0, 4.0, 8192),
+)
+QWEN2_5_0_5B = ModelConfig(
+    family="qwen2", vocab_size=151_936, hidden_size=896, intermediate_size=4864, num_layers=24,
+    num_heads=14, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
+    activation="silu", qkv_bias=True, bos_token_id=151_643, eos_token_ids=(151_645, 151_643),
+)
+QWEN3_0_6B = ModelConfig(
+    family="qwen3", vocab_size=151_936, hidden_size=1024, intermediate_size=3072, num_layers=28,
+    num_heads=16, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
+    activation="silu", qk_norm=True, max_position_embeddings=40_960, bos_token_id=151_643,
+    eos_token_ids=(151_645,),
+)
+
+PRESETS: dict[str, ModelConfig] = {
+    "gemma3-270m": GEMMA3_270M,
+    "gemma3-1b": GEMMA3_1B,
+    "gemma3-4b": GEMMA3_4B,
+    "gemma3-12b": GEMMA3_12B,
+    "gemma3-27b": GEMMA3_27B,
+    "smollm2-135m": SMOLLM2_135M,
+    "llama3.2-1b": LLAMA3_2_1B,
+    "qwen2.5-0.5b": QWEN2_5_0_5B,
+    "qwen3-0.6b": QWEN3_0_6B,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    precision: Precision = "int8"
+    page_size: int = 16
+    max_seq_len: int = 4096
+
+    def __post_init__(self) -> None:
+        assert self.precision in ("int8", "bf16", "fp32"), (
+            f"precision must be int8, bf16 or fp32, got {self.precision!r}"
+        )
+        assert self.page_size > 0 and self.max_seq_len > 0, "page_size and max_seq_len > 0"
+
+
+# --- HF config.json -> ModelConfig ------------------------------------------------------------
+# transformers fills keys that config.json omits from its config class defaults (Gemma 3 4B's
+# text_config has no num_attention_heads, 27B's none of vocab_size), so we do the same with the
+# defaults of transformers 4.57; keys that define the model's shape are required instead.
+_MODEL_TYPES = {"gemma3": "gemma3", "gemma3_text": "gemma3", "llama": "llama", "qwen2": "qwen2",
+                "qwen3": "qwen3"}
+_REQUIRED = {
+    "gemma3": ("hidden_size", "intermediate_size", "num_hidden_layers"),
+    "llama": ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+              "num_attention_heads"),
+}
+_REQUIRED["qwen2"] = _REQUIRED["qwen3"] = _REQUIRED["llama"]
+_QWEN_DEFAULTS = dict(rms_norm_eps=1e-6, rope_theta=10_000.0, max_position_embeddings=32_768,
+                      hidden_act="silu", tie_word_embeddings=False, num_key_value_heads=32,
+                      attention_bias=False, use_sliding_window=False)
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3": dict(vocab_size=262_208, num_attention_heads=8, num_key_value_heads=4,
+                   head_dim=256, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
+                   rope_local_base_freq=10_000.0, query_pre_attn_scalar=256,
+                   sliding_window=4096, max_position_embeddings=131_072,
+                   hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+                   bos_token_id=2, eos_token_id=1, sliding_window_pattern=6),
+    "llama": dict(rms_norm_eps=1e-6, rope_theta=10_000.0, max_position_embeddings=2048,
+                  hidden_act="silu", tie_word_embeddings=False, attention_bias=False,
+                  mlp_bias=False, bos_token_id=1, eos_token_id=2),
+    "qwen2": _QWEN_DEFAULTS,
+    "qwen3": dict(_QWEN_DEFAULTS, head_dim=128),
+}
+_ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh", "silu": "silu"}
+_LAYER_TYPES = {"sliding_attention": "sliding", "full_attention": "global"}
+
+
+class _HFConfig:
+    """Key lookup with the family's defaults and errors that name the missing key."""
+
+    def __init__(self, d: dict[str, Any], family: str) -> None:
+        self.d, self.family = d, family
+        missing = [k for k in _REQUIRED[family] if d.get(k) is None]
+        if missing:
+            raise KeyError(
+                f"config.json ({d.get('model_type')}) is missing {', '.join(map(repr, missing))}: "
+                "these define the model's shape; copy them from the model's published config.json"
+            )
+
+    def __getitem__(self, key: str) -> Any:
+        value = self.d.get(key)
+        if value is None:
+            value = _DEFAULTS[self.family].get(key)
+        if value is None:
+            raise KeyError(f"config.json ({self.family}) has no {key!r} and HF has no default")
+        return value
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.d.get(key)
+        return _DEFAULTS[self.family].get(key, default) if value is None else value
+
+    def unsupported(self, key: str, ok: Any) -> None:
+        if self.get(key, ok) != ok:
+            raise NotImplementedError(
+                f"config.json sets {key}={self.get(key)!r}; prism_jax supports only {ok!r} for "
+                f"the {self.family} family"
+            )
+
+
+def _rope_scaling(spec: dict[str, Any] | None, where: str) -> tuple[float, Llama3Rope | None]:
+    """HF rope_scaling / rope_parameters dict -> (linear factor, llama3 scaling)."""
+    kind = (spec or {}).get("rope_type", (spec or {}).get("type", "default"))
+    if kind == "default":
+        return 1.0, None
+    if kind == "linear":
+        return float(spec["factor"]), None
+    if kind == "llama3":
+        return 1.0, Llama3Rope(float(spec["factor"]), float(spec["low_freq_factor"]),
+                               float(spec["high_freq_factor"]),
+                               int(spec["original_max_position_embeddings"]))
+    raise NotImplementedError(
+        f"rope_type {kind!r} in {where} is not supported (supported: default, linear, llama3)"
+    )
+
+
+def _eos(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, list | tuple) else (int(value),)
+
+
+def _common(c: _HFConfig, family: str) -> dict[str, Any]:
+    d = c.d
+    act = c.get("hidden_activation") or c["hidden_act"]
+    if act not in _ACTIVATIONS:
+        raise NotImplementedError(f"activation {act!r} is not supported: {sorted(_ACTIVATIONS)}")
+    return dict(
+        family=family, vocab_size=int(c["vocab_size"]), hidden_size=int(d["hidden_size"]),
+        intermediate_size=int(d["intermediate_size"]), num_layers=int(d["num_hidden_layers"]),
+        num_heads=int(c["num_attention_heads"]),
+        num_kv_heads=int(c.get("num_key_value_heads") or c["num_attention_heads"]),
+        head_dim=int(c.get("head_dim") or d["hidden_size"] // c["num_attention_heads"]),
+        rms_norm_eps=float(c["rms_norm_eps"]), activation=_ACTIVATIONS[act],
+        tie_word_embeddings=bool(c["tie_word_embeddings"]),
+        max_position_embeddings=int(c["max_position_embeddings"]),
+        bos_token_id=c.get("bos_token_id"), eos_token_ids=_eos(c.get("eos_token_id")),
+    )
+
+
+def _gemma3_from_hf(d: dict[str, Any]) -> ModelConfig:
+    c = _HFConfig(d, "gemma3")
+    c.unsupported("attn_logit_softcapping", None)
+    c.unsupported("use_bidirectional_attention", False)
+    params = d.get("rope_parameters")  # transformers >= 5: one rope dict per layer type
+    if params and "full_attention" in params:
+        glob, local = params["full_attention"], params.get("sliding_attention", {})
+        theta, local_theta = glob.get("rope_theta", c["rope_theta"]), local.get("rope_theta")
+    else:
+        glob, local, theta, local_theta = d.get("rope_scaling"), None, c["rope_theta"], None
+    linear, llama3 = _rope_scaling(glob, "the global layers' rope")
+    assert llama3 is None, "Gemma 3 global layers use default or linear rope"
+    _rope_scaling(local, "the sliding layers' rope")  # must be default
+    n = int(d["num_hidden_layers"])
+    types = d.get("layer_types")
+    layer_types = (tuple(_LAYER_TYPES[t] for t in types) if types
+                   else gemma3_layer_types(n, int(c["sliding_window_pattern"])))
+    return ModelConfig(
+        **_common(c, "gemma3"), rope_theta=float(theta),
+        rope_local_theta=float(local_theta or c["rope_local_base_freq"]),
+        rope_scaling_factor=linear, sliding_window=int(c["sliding_window"]),
+        layer_types=layer_types, norm_weight_offset=1.0,
+        embed_scale=math.sqrt(int(d["hidden_size"])), qk_norm=True, sandwich_norms=True,
+        query_pre_attn_scalar=float(c["query_pre_attn_scalar"]),
+        final_logit_softcap=float(c.get("final_logit_softcapping") or 0.0),
+    )
+
+
+def _llama_like_from_hf(d: dict[str, Any], family: str) -> ModelConfig:
+    c = _HFConfig(d, family)
+    c.unsupported("use_sliding_window", False)
+    if family == "llama":
+        c.unsupported("mlp_bias", False)
+    if family != "qwen2":  # Qwen2 always has q/k/v biases and no o bias
+        c.unsupported("attention_bias", False)
+    params = d.get("rope_parameters")  # transformers >= 5
+    spec = params if params else d.get("rope_scaling")
+    linear, llama3 = _rope_scaling(spec, "rope_scaling")
+    theta = (params or {}).get("rope_theta", None) or c["rope_theta"]
+    if any(t != "full_attention" for t in d.get("layer_types") or ()):
+        raise NotImplementedError(f"{family}: only full-attention layers are supported")
+    return ModelConfig(
+        **_common(c, family), rope_theta=float(theta), rope_scaling_factor=linear,
+        rope_llama3=llama3, qk_norm=family == "qwen3", qkv_bias=family == "qwen2",
+    )
+
+
+def _from_hf_config(d: dict[str, Any]) -> ModelConfig:
+    if not isinstance(d, dict):
+        raise TypeError(f"from_hf_config takes the parsed config.json dict, got {type(d).__name__}")
+    if "model_type" not in d:
+        raise KeyError(f"config.json has no 'model_type'; expected one of {sorted(_MODEL_TYPES)}")
+    if d["model_type"] == "gemma3" and "text_config" in d:  # multimodal wrapper: text tower only
+        ids = {k: d[k] for k in ("bos_token_id", "eos_token_id") if k in d}
+        d = {"model_type": "gemma3_text", **ids, **d["text_config"]}
+    family = _MODEL_TYPES.get(d["model_type"])
+    if family is None:
+        raise NotImplementedError(
+            f"model_type {d['model_type']!r} is not supported; supported: {sorted(_MODEL_TYPES)}"
+        )
+    return _gemma3_from_hf(d) if family == "gemma3" else _llama_like_from_hf(d, family)
