@@ -43,3 +43,20 @@ lint: venv
 
 clean:
 	rm -rf build $(VENV)/.built
+
+# --- reference venv (HF transformers, PyTorch CPU, Python 3.11) ---
+# tests/model/ compare our logits with HF transformers. PyTorch exists here only as a CPU wheel
+# for Python 3.11, so the reference runs in its own venv; tests call tests/reference/*.py with
+# .venv-ref/bin/python and skip (with the reason) when it is missing.
+REF_VENV ?= .venv-ref
+REF_PYTHON_VERSION ?= 3.11.7
+REF_PY := $(REF_VENV)/bin/python
+REF_PACKAGES := torch==2.13.0 transformers==4.57.6 accelerate safetensors numpy
+
+.PHONY: ref-venv
+ref-venv: $(REF_VENV)/.deps
+$(REF_VENV)/.deps:
+	test -x $(REF_PY) || PYENV_VERSION=$(REF_PYTHON_VERSION) python3.11 -m venv $(REF_VENV) || python3.11 -m venv $(REF_VENV)
+	$(REF_PY) -m pip --disable-pip-version-check -q install $(REF_PACKAGES)
+	touch $@
+# --- end reference venv ---

@@ -1,0 +1,32 @@
+"""prism_jax.model: the decoder (Gemma 3, Llama, Qwen2, Qwen3) as Flax nnx modules driven by
+pure functions; see transformer.py for the API and layers.py for the three precisions."""
+
+from prism_jax.model.hf_weights import check_hf_tensors, hf_tensor_shapes, params_from_hf
+from prism_jax.model.layers import PRECISIONS
+from prism_jax.model.transformer import (
+    Params,
+    Transformer,
+    abstract_model,
+    bind,
+    candidate_readout,
+    forward,
+    full_logits,
+    init_random,
+    vocab_logsumexp,
+)
+
+__all__ = [
+    "PRECISIONS",
+    "Params",
+    "Transformer",
+    "abstract_model",
+    "bind",
+    "candidate_readout",
+    "check_hf_tensors",
+    "forward",
+    "full_logits",
+    "hf_tensor_shapes",
+    "init_random",
+    "params_from_hf",
+    "vocab_logsumexp",
+]

@@ -1,0 +1,261 @@
+"""Building blocks shared by every family: projections, RMSNorm, the embedding, rotary
+embeddings and (for now plain-jnp) attention.
+
+Shape letters: T tokens, S keys (= T until KV pages arrive), D model dim, F ffw dim, N query
+heads, K kv heads, G = N / K query heads per kv head, H head dim, V vocab, R readout rows.
+
+One model, three precisions:
+  int8  every projection is ops.int8_gemm on INT8 weights (one scale per output channel) and
+        INT8 rows (one scale per token) made by the fused norm / activation custom calls; the
+        residual stream and attention are fp32.
+  bf16  XLA dots on bf16 weights and activations, fp32 softmax: HF's bf16 numerics, the
+        accuracy reference and the "generic engine" baseline.
+  fp32  XLA dots in fp32 at HIGHEST precision: ground truth.
+
+Logical axes (nnx.Param sharding_names, mapped to the mesh in one place, never here):
+  "vocab" V, "embed" D, "mlp" F, "heads" N*H (flattened by head), "kv_heads" K,
+  "head_dim" H; None for small axes that are never sharded (the q/k/v and gate/up slots).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from prism_jax import ops
+from prism_jax.config import ModelConfig, Precision
+
+PRECISIONS: tuple[str, ...] = ("int8", "bf16", "fp32")
+ACT_DTYPE = {"int8": jnp.float32, "bf16": jnp.bfloat16, "fp32": jnp.float32}
+WEIGHT_DTYPE = {"bf16": jnp.bfloat16, "fp32": jnp.float32}  # int8: codes + fp32 scales
+NORM_DTYPE = {"int8": jnp.float32, "bf16": jnp.bfloat16, "fp32": jnp.float32}
+# The int8 model keeps its embedding in bf16: it is read row by row (lookup) and by the
+# candidate head, never by a GEMM, and 27B's table is 2.8 GB in bf16 (5.6 GB in fp32).
+EMBED_DTYPE = {"int8": jnp.bfloat16, "bf16": jnp.bfloat16, "fp32": jnp.float32}
+
+
+def check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+
+
+def dot_precision(dtype) -> jax.lax.Precision:
+    # fp32 dots must not silently drop to TF32 / bf16 passes on GPUs.
+    return jax.lax.Precision.HIGHEST if dtype == jnp.float32 else jax.lax.Precision.DEFAULT
+
+
+class Quantized(NamedTuple):
+    """An INT8 activation: codes [..., K] and one fp32 scale per row [...]."""
+
+    q: jax.Array
+    s: jax.Array
+
+
+def _param(shape: tuple[int, ...], dtype, axes: tuple[str | None, ...]) -> nnx.Param:
+    assert len(axes) == len(shape), f"axes {axes} do not name every dim of {shape}"
+    # eager_sharding=False: the names are metadata for a later mesh, not a request to shard now.
+    return nnx.Param(jnp.zeros(shape, dtype), sharding_names=axes, eager_sharding=False)
+
+
+def assign(var: nnx.Param, value, what: str) -> None:
+    """Sets a parameter, checking shape and dtype against what the module declared."""
+    value = jnp.asarray(value)
+    if value.shape != var.shape or value.dtype != var.dtype:
+        raise ValueError(
+            f"{what}: expected {np.dtype(var.dtype).name} {list(var.shape)}, "
+            f"got {np.dtype(value.dtype).name} {list(value.shape)}"
+        )
+    var.set_value(value)
+
+
+_quantize_weight = jax.jit(ops.quantize_weight)
+
+
+class Linear(nnx.Module):
+    """y[T, *out] = x[T, K] . w[*out, K] (+ bias[*out]); weights in HF's [out, in] layout.
+
+    `out` may have several axes (fused q/k/v as (K, G + 2, H), gate/up as (2, F)) so that
+    every logical axis can be sharded on its own; the GEMM sees w as [prod(out), K].
+    """
+
+    def __init__(self, in_dim: int, out: tuple[int, ...], axes: tuple[str | None, ...],
+                 precision: Precision, *, bias: bool = False) -> None:
+        check_precision(precision)
+        self.precision, self.in_dim, self.out = precision, in_dim, tuple(out)
+        shape = (*self.out, in_dim)
+        if precision == "int8":
+            self.w_q = _param(shape, jnp.int8, axes)
+            self.s_w = _param(self.out, jnp.float32, axes[:-1])
+        else:
+            self.w = _param(shape, WEIGHT_DTYPE[precision], axes)
+        self.bias = _param(self.out, ACT_DTYPE[precision], axes[:-1]) if bias else None
+
+    def load(self, w, bias=None, *, what: str = "linear") -> None:
+        """w: float [*out, K] (HF layout); quantised per output channel for int8."""
+        w = jnp.asarray(w)
+        if w.shape != (*self.out, self.in_dim):
+            raise ValueError(f"{what}: expected {[*self.out, self.in_dim]}, got {list(w.shape)}")
+        if self.precision == "int8":
+            q, s = _quantize_weight(w.reshape(-1, self.in_dim))  # (prod(out), K)
+            assign(self.w_q, q.reshape(w.shape), what)
+            assign(self.s_w, s.reshape(self.out), what + " scales")
+        else:
+            assign(self.w, w.astype(self.w.dtype), what)
+        assert (bias is None) == (self.bias is None), f"{what}: bias given iff the layer has one"
+        if bias is not None:
+            assign(self.bias, jnp.asarray(bias).astype(self.bias.dtype), what + " bias")
+
+    def __call__(self, x: Quantized | jax.Array) -> jax.Array:
+        t = x.q.shape[0] if isinstance(x, Quantized) else x.shape[0]
+        if self.precision == "int8":
+            assert isinstance(x, Quantized), "the int8 model feeds projections INT8 rows"
+            w_q = self.w_q[...].reshape(-1, self.in_dim)  # (prod(out), K)
+            y = ops.int8_gemm(x.q, x.s, w_q, self.s_w[...].reshape(-1), out_dtype=jnp.float32)
+        else:
+            w = self.w[...].reshape(-1, self.in_dim)  # (prod(out), K)
+            y = jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())),
+                                    precision=dot_precision(w.dtype),
+                                    preferred_element_type=jnp.float32).astype(x.dtype)
+        y = y.reshape(t, *self.out)  # (T, *out)
+        return y if self.bias is None else y + self.bias[...]
+
+
+def _rmsnorm_float(x: jax.Array, gamma: jax.Array, eps: float, offset: float) -> jax.Array:
+    """HF's float RMSNorm: statistics in fp32; Gemma scales by (1 + gamma) in fp32, Llama and
+    Qwen multiply gamma in the activation dtype after rounding."""
+    xf = x.astype(jnp.float32)
+    normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + jnp.float32(eps))
+    if offset:
+        return (normed * (jnp.float32(offset) + gamma.astype(jnp.float32))).astype(x.dtype)
+    return gamma.astype(x.dtype) * normed.astype(x.dtype)
+
+
+class RMSNorm(nnx.Module):
+    """RMSNorm over the last axis (D, or H for qk-norm); Gemma's weight is (1 + gamma)."""
+
+    def __init__(self, dim: int, config: ModelConfig, precision: Precision, axis: str) -> None:
+        self.precision, self.eps = precision, config.rms_norm_eps
+        self.offset = config.norm_weight_offset
+        self.gamma = _param((dim,), NORM_DTYPE[precision], (axis,))
+
+    def load(self, gamma, *, what: str = "norm") -> None:
+        assign(self.gamma, jnp.asarray(gamma).astype(self.gamma.dtype), what)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Float in, float out (x's dtype): qk-norm, Gemma's post-norms, the final norm."""
+        if self.precision == "int8":
+            return ops.rmsnorm(x, self.gamma[...], eps=self.eps, weight_offset=self.offset)
+        return _rmsnorm_float(x, self.gamma[...], self.eps, self.offset)
+
+    def project_input(self, h: jax.Array, delta: jax.Array | None):
+        """h += delta, then normalise h for a projection -> (projection input, new h).
+
+        int8 fuses the residual add, the norm and the row quantisation in one custom call.
+        """
+        if self.precision == "int8":
+            g = self.gamma[...]
+            if delta is None:
+                q, s = ops.rmsnorm_quant(h, g, eps=self.eps, weight_offset=self.offset)
+                return Quantized(q, s), h
+            q, s, h = ops.add_rmsnorm_quant(delta, h, g, eps=self.eps, weight_offset=self.offset)
+            return Quantized(q, s), h
+        if delta is not None:
+            h = h + delta
+        return self(h), h
+
+
+class Embedding(nnx.Module):
+    """Token embedding [V, D]; also the output embedding (tied) or the untied lm_head."""
+
+    def __init__(self, vocab: int, dim: int, precision: Precision) -> None:
+        self.precision = precision
+        self.table = _param((vocab, dim), EMBED_DTYPE[precision], ("vocab", "embed"))
+
+    def load(self, table, *, what: str = "embedding") -> None:
+        assign(self.table, jnp.asarray(table).astype(self.table.dtype), what)
+
+    def lookup(self, tokens: jax.Array, scale: float) -> jax.Array:
+        dtype = ACT_DTYPE[self.precision]
+        x = self.table[...][tokens].astype(dtype)  # (T, D)
+        if scale == 1.0:
+            return x
+        # HF Gemma: the fp32 scale tensor is cast to the embedding dtype before the multiply.
+        return x * jnp.asarray(np.float32(scale), dtype)
+
+
+def glu(gate: jax.Array, up: jax.Array, activation: str) -> jax.Array:
+    """act(gate) * up for the float models (HF: activation rounded to the dtype first)."""
+    g = gate.astype(jnp.float32)
+    a = jax.nn.gelu(g, approximate=True) if activation == "gelu_tanh" else jax.nn.silu(g)
+    return a.astype(gate.dtype) * up
+
+
+# --- rotary embeddings ------------------------------------------------------------------------
+
+
+def rope_inv_freq(config: ModelConfig, layer: int) -> np.ndarray:
+    """Inverse frequencies [H/2] in fp32, computed as HF does (fp32 pow, then scaling)."""
+    h = config.head_dim
+    base = np.float32(config.rope_theta_for(layer))
+    inv = np.float32(1.0) / (base ** (np.arange(0, h, 2).astype(np.float32) / np.float32(h)))
+    if config.layer_types[layer] == "sliding":
+        return inv  # Gemma's local rope is never scaled
+    if config.rope_scaling_factor != 1.0:
+        inv = inv / np.float32(config.rope_scaling_factor)
+    if config.rope_llama3 is not None:
+        inv = _llama3_scaling(inv, config.rope_llama3)
+    return inv.astype(np.float32)
+
+
+def _llama3_scaling(inv: np.ndarray, r) -> np.ndarray:
+    low_wavelen = r.original_max_position_embeddings / r.low_freq_factor
+    high_wavelen = r.original_max_position_embeddings / r.high_freq_factor
+    wavelen = np.float32(2 * np.pi) / inv
+    scaled = np.where(wavelen > low_wavelen, inv / np.float32(r.factor), inv)
+    smooth = (r.original_max_position_embeddings / wavelen - r.low_freq_factor) / (
+        r.high_freq_factor - r.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / np.float32(r.factor) + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+    """Rotates x [T, n, H] by position, HF's half-split layout (rotate_half), in x's dtype."""
+    freqs = positions.astype(jnp.float32)[:, None] * jnp.asarray(inv_freq)[None, :]  # (T, H/2)
+    cos = jnp.cos(freqs).astype(x.dtype)[:, None, :]  # (T, 1, H/2)
+    sin = jnp.sin(freqs).astype(x.dtype)[:, None, :]
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]  # (T, n, H/2) each
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+# --- attention --------------------------------------------------------------------------------
+
+
+def sliding_window_mask(mask: jax.Array, positions: jax.Array, window: int) -> jax.Array:
+    """Sliding layers also require positions[q] - positions[k] < window (HF's convention)."""
+    return mask & ((positions[:, None] - positions[None, :]) < window)
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
+    """Plain-jnp GQA attention (a paged tree-attention custom call replaces it later).
+
+    q [T, N, H], k and v [S, K, H], mask bool [T, S] -> [T, N * H] in q's dtype. Scores and
+    softmax in fp32; masked keys get exact zero weight, so a fully masked (padding) row is 0.
+    """
+    t, n, h = q.shape
+    kv = k.shape[1]
+    prec = dot_precision(q.dtype)
+    qg = q.reshape(t, kv, n // kv, h)  # (T, K, G, H): query head n uses kv head n // G, as HF
+    scores = jnp.einsum("tkgh,skh->kgts", qg, k, precision=prec,
+                        preferred_element_type=jnp.float32) * jnp.float32(scale)  # (K, G, T, S)
+    allowed = mask[None, None]
+    scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
+    probs = jnp.where(allowed, jax.nn.softmax(scores, axis=-1), 0.0).astype(v.dtype)
+    out = jnp.einsum("kgts,skh->tkgh", probs, v, precision=prec,
+                     preferred_element_type=jnp.float32)  # (T, K, G, H)
+    return out.reshape(t, n * h).astype(q.dtype)  # (T, N*H)

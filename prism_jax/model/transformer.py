@@ -1,0 +1,277 @@
+"""The decoder: Gemma 3 and Llama / Qwen2 / Qwen3 from one ModelConfig, as pure functions.
+
+Shape letters: T tokens, D model dim, F ffw dim, N query heads, K kv heads, G = N / K,
+H head dim, V vocab, R readout rows, C candidates per row.
+
+    params = init_random(config, precision, seed)            # or hf_weights.params_from_hf
+    hidden = forward(params, config, tokens, positions, mask)  # [T, D], final-normed
+    logits, logprobs = candidate_readout(params, config, hidden[rows], ids, counts)
+
+`params` is a Params pytree (nnx.State + the precision, static), so the step jits with
+`jax.jit(forward, static_argnames="config")`. Modules hold weights only: no KV, no caches.
+
+Residual stream: each layer returns (h, delta) and the next norm adds delta into h, so the
+int8 model fuses "residual add + RMSNorm + quantise" into one custom call per norm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import zlib
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from prism_jax import ops
+from prism_jax.config import ModelConfig, Precision
+from prism_jax.model.layers import (
+    Embedding,
+    Linear,
+    Quantized,
+    RMSNorm,
+    apply_rope,
+    attend,
+    check_precision,
+    dot_precision,
+    glu,
+    rope_inv_freq,
+    sliding_window_mask,
+)
+
+
+class Attention(nnx.Module):
+    """Fused q/k/v projection laid out (K, G + 2, H): per kv head, its G query heads, then its
+    key and value, so sharding the kv-head axis keeps each group whole on one device."""
+
+    def __init__(self, config: ModelConfig, layer: int, precision: Precision) -> None:
+        c = config
+        self.config, self.layer, self.precision = c, layer, precision
+        self.qkv = Linear(c.hidden_size, (c.num_kv_heads, c.num_groups + 2, c.head_dim),
+                          ("kv_heads", None, "head_dim", "embed"), precision, bias=c.qkv_bias)
+        self.o = Linear(c.num_heads * c.head_dim, (c.hidden_size,), ("embed", "heads"), precision)
+        self.q_norm = RMSNorm(c.head_dim, c, precision, "head_dim") if c.qk_norm else None
+        self.k_norm = RMSNorm(c.head_dim, c, precision, "head_dim") if c.qk_norm else None
+
+    def __call__(self, x: Quantized | jax.Array, positions: jax.Array, mask: jax.Array):
+        c = self.config
+        qkv = self.qkv(x)  # (T, K, G+2, H)
+        t, g = qkv.shape[0], c.num_groups
+        q = qkv[:, :, :g].reshape(t, c.num_heads, c.head_dim)  # (T, N, H)
+        k, v = qkv[:, :, g], qkv[:, :, g + 1]  # (T, K, H)
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        inv_freq = rope_inv_freq(c, self.layer)
+        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        if c.layer_types[self.layer] == "sliding":
+            mask = sliding_window_mask(mask, positions, c.sliding_window)
+        a = attend(q, k, v, mask, c.attention_scale)  # (T, N*H)
+        if self.precision == "int8":
+            a = Quantized(*ops.quantize_rows(a))
+        return self.o(a)  # (T, D)
+
+
+class MLP(nnx.Module):
+    """Gated MLP; gate and up fused as (2, F) so the F axis shards without splitting a pair."""
+
+    def __init__(self, config: ModelConfig, precision: Precision) -> None:
+        c = config
+        self.activation, self.precision = c.activation, precision
+        self.gate_up = Linear(c.hidden_size, (2, c.intermediate_size), (None, "mlp", "embed"),
+                              precision)
+        self.down = Linear(c.intermediate_size, (c.hidden_size,), ("embed", "mlp"), precision)
+
+    def __call__(self, x: Quantized | jax.Array) -> jax.Array:
+        gu = self.gate_up(x)  # (T, 2, F)
+        gate, up = gu[:, 0], gu[:, 1]  # (T, F)
+        if self.precision == "int8":
+            return self.down(Quantized(*ops.glu_quant(gate, up, activation=self.activation)))
+        return self.down(glu(gate, up, self.activation))
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm block; Gemma adds post-norms on the attention and MLP outputs (sandwich)."""
+
+    def __init__(self, config: ModelConfig, layer: int, precision: Precision) -> None:
+        c, d = config, config.hidden_size
+        self.sandwich = c.sandwich_norms
+        self.input_norm = RMSNorm(d, c, precision, "embed")
+        self.attn = Attention(c, layer, precision)
+        self.post_attn_norm = RMSNorm(d, c, precision, "embed") if c.sandwich_norms else None
+        self.pre_mlp_norm = RMSNorm(d, c, precision, "embed")
+        self.mlp = MLP(c, precision)
+        self.post_mlp_norm = RMSNorm(d, c, precision, "embed") if c.sandwich_norms else None
+
+    def __call__(self, h, delta, positions, mask):
+        """(h, delta) -> (h + delta + attention, mlp output): the residual add of the MLP
+        output is left to the next layer's (or the final) norm."""
+        x, h = self.input_norm.project_input(h, delta)
+        o = self.attn(x, positions, mask)  # (T, D)
+        if self.sandwich:
+            o = self.post_attn_norm(o)
+        x, h = self.pre_mlp_norm.project_input(h, o)
+        d = self.mlp(x)  # (T, D)
+        if self.sandwich:
+            d = self.post_mlp_norm(d)
+        return h, d
+
+
+class Transformer(nnx.Module):
+    """Embedding, decoder layers, final norm and (untied models) the lm_head."""
+
+    def __init__(self, config: ModelConfig, precision: Precision) -> None:
+        check_precision(precision)
+        c = config
+        self.config, self.precision = c, precision
+        self.embed = Embedding(c.vocab_size, c.hidden_size, precision)
+        self.layers = nnx.List([DecoderLayer(c, i, precision) for i in range(c.num_layers)])
+        self.final_norm = RMSNorm(c.hidden_size, c, precision, "embed")
+        self.lm_head = None if c.tie_word_embeddings else Embedding(
+            c.vocab_size, c.hidden_size, precision)
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+        h = self.embed.lookup(tokens, self.config.embed_scale)  # (T, D)
+        delta = None
+        for layer in self.layers:
+            h, delta = layer(h, delta, positions, mask)
+        return self.final_norm(h + delta)
+
+    def output_embedding(self) -> jax.Array:
+        return (self.lm_head or self.embed).table[...]  # (V, D)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Params:
+    """The weights of one model at one precision: a pytree whose only leaves are arrays."""
+
+    state: nnx.State
+    precision: str = dataclasses.field(metadata=dict(static=True))
+
+
+def abstract_model(config: ModelConfig, precision: Precision) -> Transformer:
+    """The model with ShapeDtypeStruct leaves: no memory, ready to be loaded into."""
+    return nnx.eval_shape(lambda: Transformer(config, precision))
+
+
+@functools.lru_cache(maxsize=32)
+def _graphdef(config: ModelConfig, precision: Precision) -> nnx.GraphDef:
+    return nnx.split(abstract_model(config, precision))[0]
+
+
+def to_params(model: Transformer) -> Params:
+    abstract = [p for p in jax.tree.leaves(nnx.state(model)) if isinstance(p, jax.ShapeDtypeStruct)]
+    assert not abstract, f"{len(abstract)} parameters were never loaded, e.g. {abstract[0]}"
+    return Params(nnx.state(model), model.precision)
+
+
+def bind(params: Params, config: ModelConfig) -> Transformer:
+    """The module view of `params` (cheap; call it inside jit)."""
+    return nnx.merge(_graphdef(config, params.precision), params.state)
+
+
+def _check_step_inputs(tokens, positions, mask) -> None:
+    t = tokens.shape[0] if tokens.ndim == 1 else -1
+    if tokens.ndim != 1 or tokens.dtype != jnp.int32:
+        raise ValueError(f"tokens must be int32 [T], got {tokens.dtype} {list(tokens.shape)}")
+    if positions.shape != (t,) or positions.dtype != jnp.int32:
+        raise ValueError(f"positions must be int32 [{t}], got {positions.dtype} "
+                         f"{list(positions.shape)}")
+    if mask.shape != (t, t) or mask.dtype != jnp.bool_:
+        raise ValueError(f"mask must be bool [{t}, {t}] (mask[q, k]: q may attend k), got "
+                         f"{mask.dtype} {list(mask.shape)}")
+
+
+def forward(params: Params, config: ModelConfig, tokens: jax.Array, positions: jax.Array,
+            mask: jax.Array) -> jax.Array:
+    """Runs the decoder over one flat token sequence.
+
+    Args:
+      params: from init_random or params_from_hf.
+      config: the model's config (static under jit).
+      tokens: int32 [T] token ids.
+      positions: int32 [T] rope positions (a forest repeats positions across branches).
+      mask: bool [T, T]; mask[q, k] says query q may attend key k (causal, tree or forest).
+        Sliding-window layers further require positions[q] - positions[k] < sliding_window.
+
+    Returns:
+      Final-normed hidden states [T, D] (fp32 for int8 and fp32, bf16 for bf16).
+    """
+    _check_step_inputs(tokens, positions, mask)
+    return bind(params, config)(tokens, positions, mask)
+
+
+def _softcap(logits: jax.Array, cap: float) -> jax.Array:
+    return jnp.float32(cap) * jnp.tanh(logits / jnp.float32(cap)) if cap > 0 else logits
+
+
+def full_logits(params: Params, config: ModelConfig, hidden: jax.Array) -> jax.Array:
+    """Logits over the whole vocabulary, fp32 [T, V] (tests and the generic baseline)."""
+    emb = bind(params, config).output_embedding()
+    dtype = jnp.promote_types(hidden.dtype, emb.dtype)
+    logits = jax.lax.dot_general(hidden.astype(dtype), emb.astype(dtype),
+                                 (((1,), (1,)), ((), ())), precision=dot_precision(dtype),
+                                 preferred_element_type=jnp.float32)  # (T, V)
+    return _softcap(logits, config.final_logit_softcap)
+
+
+def candidate_readout(params: Params, config: ModelConfig, hidden_rows: jax.Array,
+                      ids: jax.Array, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Candidate logits and log-probabilities renormalised over each row's candidates.
+
+    Args:
+      hidden_rows: [R, D] final-normed hidden states at the answer slots.
+      ids: int32 [R, C] candidate token ids (padded); counts: int32 [R] valid per row.
+
+    Returns:
+      (logits f32 [R, C], logprobs f32 [R, C]); padding entries are -inf.
+    """
+    emb = bind(params, config).output_embedding()
+    return ops.candidate_head(hidden_rows, emb, ids, counts, softcap=config.final_logit_softcap)
+
+
+def vocab_logsumexp(params: Params, config: ModelConfig, hidden_rows: jax.Array) -> jax.Array:
+    """log sum_v exp(logit_v) over the full vocabulary, f32 [R], streamed (no [R, V])."""
+    emb = bind(params, config).output_embedding()
+    return ops.vocab_logsumexp(hidden_rows, emb, softcap=config.final_logit_softcap)
+
+
+# --- random weights ---------------------------------------------------------------------------
+
+
+def _random_init(module: nnx.Module, key: jax.Array, config: ModelConfig) -> None:
+    """Float masters on the default device, converted by each module's load (int8 quantises).
+
+    Scales keep activations O(1) so random models give non-degenerate distributions.
+    """
+    k1, k2 = jax.random.split(key)
+    if isinstance(module, Linear):
+        w = jax.random.normal(k1, (*module.out, module.in_dim), jnp.float32)
+        w = w * jnp.float32(module.in_dim**-0.5)
+        bias = None
+        if module.bias is not None:
+            bias = 0.1 * jax.random.normal(k2, module.out, jnp.float32)
+        module.load(w, bias)
+    elif isinstance(module, RMSNorm):
+        gamma = 0.1 * jax.random.normal(k1, module.gamma.shape, jnp.float32)
+        module.load(gamma + (0.0 if module.offset else 1.0))
+    elif isinstance(module, Embedding):
+        v, d = module.table.shape
+        module.load(jax.random.normal(k1, (v, d), jnp.float32) * jnp.float32(2 * d**-0.5))
+
+
+def init_random(config: ModelConfig, precision: Precision, seed: int) -> Params:
+    """Random weights without any checkpoint (benchmarks at 27B shapes, tests).
+
+    Each tensor's key is derived from the seed and the parameter's path, so the int8 model is
+    the quantised fp32 model of the same seed. Tensors are made one at a time on the default
+    device: peak extra memory is one fp32 tensor.
+    """
+    model = abstract_model(config, precision)
+    root = jax.random.key(seed)
+    for path, node in nnx.iter_graph(model):
+        if isinstance(node, Linear | RMSNorm | Embedding):
+            name = "/".join(map(str, path)).encode()
+            _random_init(node, jax.random.fold_in(root, zlib.crc32(name) & 0x7FFFFFFF), config)
+    return to_params(model)

@@ -1,0 +1,66 @@
+"""HF transformers reference for tests/model (runs in .venv-ref: Python 3.11, PyTorch CPU).
+
+    .venv-ref/bin/python tests/reference/hf_reference.py SPEC.json OUT_DIR
+
+SPEC.json: [{"name": str, "config": {HF config.json keys}, "seed": int, "tokens": [int]}].
+For each case, OUT_DIR/<name>/ receives the HF-saved config.json and model.safetensors (random
+weights with non-trivial norms, fp32) and the logits [T, V] of the fp32 model
+(logits_fp32.npy) and of the same weights cast to bf16 (logits_bf16.npy), eager attention.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import sys
+
+import numpy as np
+import torch
+import transformers
+
+
+def randomize(model: torch.nn.Module, seed: int, gemma: bool) -> None:
+    """Weights that keep activations O(1) and norms far from the identity (HF inits norms to
+    ones / zeros, which would hide a norm applied wrongly)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # tied weights appear once
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
+            if "norm" in name:
+                p.copy_(0.3 * noise if gemma else 1.0 + 0.3 * noise)
+            elif name.endswith("bias"):
+                p.copy_(0.5 * noise)
+            elif "embed_tokens" in name or "lm_head" in name:
+                p.copy_(noise * (2.0 / math.sqrt(p.shape[1])))
+            else:
+                p.copy_(noise / math.sqrt(p.shape[1]))
+
+
+def run_case(case: dict, out: pathlib.Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = dict(case["config"])
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, attn_implementation="eager", torch_dtype=torch.float32
+    )
+    model.eval()
+    randomize(model, case["seed"], gemma=config.model_type.startswith("gemma"))
+    model.save_pretrained(out, safe_serialization=True)
+    ids = torch.tensor([case["tokens"]], dtype=torch.long)
+    with torch.no_grad():
+        np.save(out / "logits_fp32.npy", model(ids).logits[0].float().numpy())
+        model.to(torch.bfloat16)
+        np.save(out / "logits_bf16.npy", model(ids).logits[0].float().numpy())
+
+
+def main() -> None:
+    spec_path, out_dir = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+    torch.set_num_threads(2)
+    for case in json.loads(spec_path.read_text()):
+        run_case(case, out_dir / case["name"])
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}: ok")
+
+
+if __name__ == "__main__":
+    main()
