@@ -110,24 +110,37 @@ __device__ __forceinline__ float WarpButterflySum(float v) {
 // Canonical sum over [0, n) by one whole warp (all 32 lanes must call it). chunk(d0, cnt, t)
 // fills t[0, cnt) with the terms of elements d0 .. d0 + cnt - 1; the lane adds them in
 // increasing d, then the butterfly combines lanes. Equals CanonicalSumHost bit for bit.
+// kSumUnroll chunks are fetched before any is added, so their loads are in flight together
+// (one chunk per round trip made a 5376-long row cost ~20 round trips of latency).
+constexpr int kSumUnroll = 4;
+
 template <typename ChunkFn>
 __device__ __forceinline__ float WarpCanonicalSum(int64_t n, int lane, ChunkFn chunk) {
   float acc = 0.0f;
-  for (int64_t d0 = static_cast<int64_t>(lane) * kVec; d0 < n; d0 += kStride) {
-    const int cnt = ChunkCount(d0, n);
-    float t[kVec];
-    chunk(d0, cnt, t);
+  for (int64_t base = static_cast<int64_t>(lane) * kVec; base < n;
+       base += kSumUnroll * kStride) {
+    float t[kSumUnroll][kVec];
+    int cnt[kSumUnroll];
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      if (i < cnt) acc = __fadd_rn(acc, t[i]);
+    for (int u = 0; u < kSumUnroll; ++u) {
+      const int64_t d0 = base + u * kStride;
+      cnt[u] = d0 < n ? ChunkCount(d0, n) : 0;
+      if (cnt[u] > 0) chunk(d0, cnt[u], t[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kSumUnroll; ++u) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        if (i < cnt[u]) acc = __fadd_rn(acc, t[u][i]);
+      }
     }
   }
   return WarpButterflySum(acc);
 }
 
 // Max over the block of non-negative values (amax): exact, so any order gives the same bits.
-// scratch holds one float per warp; call at most once per scratch array per kernel.
-template <int kThreads>
+// scratch holds one float per warp (up to 32); call at most once per scratch array per kernel.
+// blockDim.x must be a multiple of 32.
 __device__ __forceinline__ float BlockMax(float v, float* scratch) {
 #pragma unroll
   for (int off = kWarpSize / 2; off > 0; off /= 2) {
@@ -136,9 +149,18 @@ __device__ __forceinline__ float BlockMax(float v, float* scratch) {
   if (threadIdx.x % kWarpSize == 0) scratch[threadIdx.x / kWarpSize] = v;
   __syncthreads();
   float m = scratch[0];
-#pragma unroll
-  for (int w = 1; w < kThreads / kWarpSize; ++w) m = fmaxf(m, scratch[w]);
+  for (unsigned w = 1; w < blockDim.x / kWarpSize; ++w) m = fmaxf(m, scratch[w]);
   return m;
+}
+
+// Threads for a one-block-per-row kernel over m rows of n. Few rows are latency-bound: spread
+// each row as widely as a block allows (one chunk per thread, up to 1024). Many rows: 256, so
+// several blocks share an SM and hide each other's serial phases. Results never depend on it.
+inline int RowBlockThreads(int64_t m, int64_t n) {
+  constexpr int64_t kManyRows = 512;
+  if (m >= kManyRows) return 256;
+  const int64_t warps = ((n + kVec - 1) / kVec + kWarpSize - 1) / kWarpSize;
+  return static_cast<int>(warps < 1 ? kWarpSize : (warps > 32 ? 1024 : warps * kWarpSize));
 }
 
 }  // namespace prism

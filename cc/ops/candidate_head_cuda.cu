@@ -18,10 +18,12 @@ namespace {
 
 constexpr int kLogitWarps = 4;        // candidate logits: one warp per (row, candidate)
 constexpr int kRowThreads = 128;      // one thread per row for the sequential merges
-constexpr int kTileThreads = 256;     // vocab tile block: 8 warps share a tile's 2048 rows
+constexpr int kTileThreads = 1024;    // vocab tile block: 32 warps share a tile's 2048 rows
+                                      // (with R = 1 there is one block per tile: 129 in all)
 constexpr int kTileWarps = kTileThreads / kWarpSize;
 constexpr int kRowsPerBlock = 4;      // hidden rows per tile block: the tile is read once for
                                       // all of them; each row's dot is still its own chain
+constexpr int kDotUnroll = 2;         // embedding chunks in flight per lane (fits 64 registers)
 
 // The CPU's std::max(mx, l): a NaN l leaves mx unchanged.
 __device__ __forceinline__ float MaxLikeStd(float mx, float l) { return mx < l ? l : mx; }
@@ -86,27 +88,44 @@ __global__ void __launch_bounds__(kRowThreads)
   for (int64_t c = 0; c < c_count; ++c) pr[c] = c < n ? __fsub_rn(lr[c], lse) : NegInf();
 }
 
-// acc[k] = canonical dot(h row k, e) for k < rows, one chain per row. The embedding chunk is
-// loaded once per step and reused for every row (hidden rows stay in L1).
+// acc[k] += h row k . e over the kDotUnroll chunks of this lane starting at base, in increasing
+// d. The embedding chunks are all fetched first (their loads overlap), then reused for every
+// row (hidden rows stay in L1).
+template <typename H, typename E>
+__device__ __forceinline__ void DotStep(const H* h, const E* e, int64_t d, int64_t base,
+                                        int rows, float (&acc)[kRowsPerBlock]) {
+  float ev[kDotUnroll][kVec];
+  int cnt[kDotUnroll];
+#pragma unroll
+  for (int u = 0; u < kDotUnroll; ++u) {
+    const int64_t d0 = base + u * kStride;
+    cnt[u] = d0 < d ? ChunkCount(d0, d) : 0;
+    LoadChunk(e + d0, cnt[u], ev[u]);
+  }
+#pragma unroll
+  for (int k = 0; k < kRowsPerBlock; ++k) {
+    if (k >= rows) break;
+#pragma unroll
+    for (int u = 0; u < kDotUnroll; ++u) {
+      float hv[kVec];
+      LoadChunk(h + k * d + base + u * kStride, cnt[u], hv);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        if (i < cnt[u]) acc[k] = __fadd_rn(acc[k], __fmul_rn(hv[i], ev[u][i]));
+      }
+    }
+  }
+}
+
+// acc[k] = canonical dot(h row k, e) for k < rows: one chain per row, as WarpCanonicalSum.
 template <typename H, typename E>
 __device__ void WarpDots(const H* h, const E* e, int64_t d, int rows, int lane,
                          float (&acc)[kRowsPerBlock]) {
 #pragma unroll
   for (int k = 0; k < kRowsPerBlock; ++k) acc[k] = 0.0f;
-  for (int64_t d0 = static_cast<int64_t>(lane) * kVec; d0 < d; d0 += kStride) {
-    const int cnt = ChunkCount(d0, d);
-    float ev[kVec];
-    LoadChunk(e + d0, cnt, ev);
-#pragma unroll
-    for (int k = 0; k < kRowsPerBlock; ++k) {
-      if (k >= rows) break;
-      float hv[kVec];
-      LoadChunk(h + k * d + d0, cnt, hv);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        if (i < cnt) acc[k] = __fadd_rn(acc[k], __fmul_rn(hv[i], ev[i]));
-      }
-    }
+  for (int64_t base = static_cast<int64_t>(lane) * kVec; base < d;
+       base += kDotUnroll * kStride) {
+    DotStep(h, e, d, base, rows, acc);
   }
 #pragma unroll
   for (int k = 0; k < kRowsPerBlock; ++k) acc[k] = WarpButterflySum(acc[k]);

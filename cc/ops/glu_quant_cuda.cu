@@ -1,8 +1,9 @@
 // prism_glu_quant on CUDA; the specification is glu_quant_cpu.cc. Shapes: M rows, F ffw dim.
 //   gate, up [M, F] f32|bf16 -> a_q s8 [M, F], s_a f32 [M]; attr activation (numerics.h).
-// a = Activate(gate) * up, then per-row symmetric INT8 quantisation. One block per row: pass 1
-// takes the row's amax (exact in any order), pass 2 recomputes a and writes the codes, since
-// no F-sized scratch is passed in. expf/tanhf are CUDA's, so a (and rarely a code) may differ
+// a = Activate(gate) * up, then per-row symmetric INT8 quantisation. One block per row (width:
+// RowBlockThreads): pass 1 takes the row's amax
+// (exact in any order), pass 2 recomputes a (mostly from L2) and writes the codes, since no
+// F-sized scratch is passed in. expf/tanhf are CUDA's, so a (and rarely a code) may differ
 // from the CPU by an ulp-level amount; the result still depends only on the row.
 #include <cuda_runtime.h>
 
@@ -13,8 +14,7 @@
 namespace prism {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / kWarpSize;
+constexpr int kMaxThreads = 1024;
 
 template <typename T>
 struct GluArgs {
@@ -37,21 +37,25 @@ __device__ __forceinline__ void GluChunk(const GluArgs<T>& a, int64_t i0, int cn
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) GluRowsKernel(GluArgs<T> a) {
-  __shared__ float scratch[kWarps];
+__global__ void __launch_bounds__(kMaxThreads) GluRowsKernel(GluArgs<T> a) {
+  __shared__ float scratch[kMaxThreads / kWarpSize];
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * kVec;
   const int64_t off = static_cast<int64_t>(blockIdx.x) * a.f;
   const int64_t first = off + static_cast<int64_t>(threadIdx.x) * kVec;
   const int64_t end = off + a.f;
   float v[kVec];
   float amax = 0.0f;
-  for (int64_t i0 = first; i0 < end; i0 += kThreads * kVec) {
+  for (int64_t i0 = first; i0 < end; i0 += stride) {
     const int cnt = ChunkCount(i0, end);
     GluChunk(a, i0, cnt, v);
-    for (int i = 0; i < cnt; ++i) amax = fmaxf(amax, fabsf(v[i]));
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {  // unrolled: keeps v in registers
+      if (i < cnt) amax = fmaxf(amax, fabsf(v[i]));
+    }
   }
-  amax = BlockMax<kThreads>(amax, scratch);
+  amax = BlockMax(amax, scratch);
   const float inv = QuantInverse(amax);
-  for (int64_t i0 = first; i0 < end; i0 += kThreads * kVec) {
+  for (int64_t i0 = first; i0 < end; i0 += stride) {
     const int cnt = ChunkCount(i0, end);
     GluChunk(a, i0, cnt, v);
     int8_t codes[kVec];
@@ -69,7 +73,7 @@ ffi::Error Launch(cudaStream_t stream, const ffi::AnyBuffer& gate, const ffi::An
   if (m == 0) return ffi::Error::Success();
   PRISM_REQUIRE(m <= 0x7fffffff, "prism_glu_quant: too many rows for one grid");
   const GluArgs<T> a{gate.reinterpret_data<T>(), up.reinterpret_data<T>(), q, s, f, act};
-  GluRowsKernel<T><<<static_cast<unsigned>(m), kThreads, 0, stream>>>(a);
+  GluRowsKernel<T><<<static_cast<unsigned>(m), RowBlockThreads(m, f), 0, stream>>>(a);
   return LaunchStatus("prism_glu_quant");
 }
 

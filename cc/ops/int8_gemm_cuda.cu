@@ -45,7 +45,8 @@ __device__ __forceinline__ void LoadTile(const int8_t* __restrict__ src, int64_t
     } else {
 #pragma unroll
       for (int b = 0; b < 16; ++b) {  // little-endian packing, as an aligned int load would
-        if (kb + b < k) w[b / 4] |= static_cast<uint32_t>(static_cast<uint8_t>(p[b])) << (8 * (b % 4));
+        if (kb + b >= k) break;  // past the row's last byte: stays zero
+        w[b / 4] |= static_cast<uint32_t>(static_cast<uint8_t>(p[b])) << (8 * (b % 4));
       }
     }
   }

@@ -3,9 +3,11 @@
 //   prism_rmsnorm            x [M, D], gamma [D]            -> y [M, D] (x's dtype)
 //   prism_rmsnorm_quant      x [M, D], gamma [D]            -> x_q s8 [M, D], s_x f32 [M]
 //   prism_add_rmsnorm_quant  x, residual [M, D], gamma [D]  -> x_q, s_x, h = x + residual
-// One block per row. Warp 0 computes the sum of squares in the canonical order (the only
-// order-sensitive step); then the whole block normalises, takes the (exact) amax and quantises,
-// recomputing y rather than keeping a D-sized scratch, since no scratch buffer is passed in.
+// One block per row (width: RowBlockThreads). The block first stages the row's h in shared
+// memory (f32, D <= kMaxStagedD); warp 0 then takes the sum of squares in the canonical order
+// (the only order-sensitive step) from shared memory; the whole block normalises, takes the
+// (exact) amax and quantises, recomputing y rather than keeping it. Longer rows skip the
+// staging: warp 0 streams the row from global memory and later passes read h back.
 #include <cuda_runtime.h>
 
 #include "cc/common.h"
@@ -15,12 +17,15 @@
 namespace prism {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / kWarpSize;
+constexpr int kMaxThreads = 1024;
+constexpr int kStreamThreads = 256;  // unstaged rows: fewer, fatter threads leave registers for
+                                     // the unrolled sum of warp 0
+// Longest row staged in (dynamic) shared memory: f32, within the 48 KiB needing no opt-in.
+constexpr int64_t kMaxStagedD = 12032;  // a multiple of kVec
 
-// One launch's pointers; null pointers switch parts off, as in the CPU's NormRows. h, x and
-// residual may alias (in-place residual update): every element is read before it is written
-// by the same thread, and later passes read h, so no __restrict__ here.
+// One launch's pointers; null pointers switch parts off, as in the CPU's NormRows. h may alias
+// x or residual, and y may alias x (in-place updates): each element is read, then written, by
+// one thread, and later passes read only shared memory or h, so no __restrict__ here.
 template <typename T>
 struct NormArgs {
   const T* x;
@@ -43,27 +48,51 @@ __device__ __forceinline__ float RoundToStorage(float v) {
   return ToF32(stored);
 }
 
-// Warp 0's pass: canonical sum of h^2, writing h = x + residual on the way when present.
+// The value the row normalises, for elements i0 .. i0 + cnt - 1 of the whole [M, D] array: x,
+// or x + residual rounded to T, which is also written to h.
 template <typename T>
-__device__ float SumSquares(const NormArgs<T>& a, int64_t off, int lane) {
-  return WarpCanonicalSum(a.d, lane, [&](int64_t d0, int cnt, float (&t)[kVec]) {
-    float v[kVec];
-    LoadChunk(a.x + off + d0, cnt, v);
-    if (a.residual != nullptr) {
-      float rv[kVec];
-      LoadChunk(a.residual + off + d0, cnt, rv);
+__device__ __forceinline__ void LoadH(const NormArgs<T>& a, int64_t i0, int cnt,
+                                      float (&v)[kVec]) {
+  LoadChunk(a.x + i0, cnt, v);
+  if (a.residual == nullptr) return;
+  float rv[kVec];
+  LoadChunk(a.residual + i0, cnt, rv);
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) v[i] = RoundToStorage<T>(__fadd_rn(v[i], rv[i]));
-      StoreChunk(a.h + off + d0, cnt, v);
+  for (int i = 0; i < kVec; ++i) v[i] = RoundToStorage<T>(__fadd_rn(v[i], rv[i]));
+  StoreChunk(a.h + i0, cnt, v);
+}
+
+// Whole block: the row's h into shared memory (f32; exact for both dtypes). The row is padded
+// to whole chunks and the tail chunk is stored whole (zeros past D): the compiler may widen a
+// partial chunk's guarded loads into a vector load, which must stay inside the allocation.
+template <typename T>
+__device__ void StageRow(const NormArgs<T>& a, int64_t off, float* row) {
+  for (int64_t d0 = static_cast<int64_t>(threadIdx.x) * kVec; d0 < a.d;
+       d0 += static_cast<int64_t>(blockDim.x) * kVec) {
+    float v[kVec];
+    LoadH(a, off + d0, ChunkCount(d0, a.d), v);  // v[i] = 0 past the row's end
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) row[d0 + i] = v[i];
+  }
+}
+
+// Warp 0: canonical sum of h^2, from the staged row or streamed from global memory.
+template <typename T, bool kStaged>
+__device__ float SumSquares(const NormArgs<T>& a, const float* row, int64_t off, int lane) {
+  return WarpCanonicalSum(a.d, lane, [&](int64_t d0, int cnt, float (&t)[kVec]) {
+    if constexpr (kStaged) {
+      LoadChunk(row + d0, cnt, t);
+    } else {
+      LoadH(a, off + d0, cnt, t);
     }
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) t[i] = __fmul_rn(v[i], v[i]);
+    for (int i = 0; i < kVec; ++i) t[i] = __fmul_rn(t[i], t[i]);
   });
 }
 
 // y = (h * inv) * (weight_offset + gamma) for one chunk, as NormRow does.
-template <typename T>
-__device__ __forceinline__ void NormChunk(const T* src, const NormArgs<T>& a, int64_t d0,
+template <typename T, typename S>
+__device__ __forceinline__ void NormChunk(const S* src, const NormArgs<T>& a, int64_t d0,
                                           int cnt, float inv, float (&y)[kVec]) {
   float g[kVec];
   LoadChunk(src + d0, cnt, y);
@@ -74,14 +103,18 @@ __device__ __forceinline__ void NormChunk(const T* src, const NormArgs<T>& a, in
   }
 }
 
-// Passes after the sum: write y, or amax then codes. Chunks are spread over the whole block.
-template <typename T>
-__device__ void NormalizeRow(const NormArgs<T>& a, int64_t off, float inv, float* scratch) {
-  const T* src = (a.residual != nullptr ? a.h : a.x) + off;  // h holds the rounded sum
+// Passes after the sum: write y, or amax then codes. src is the row's h (shared f32 or global
+// T); outputs start at element off of the [M, D] arrays. stage (the shared row, or null) keeps
+// y between the amax and code passes so gamma is read once; each thread owns the same chunks
+// in every pass, so overwriting h there races with nothing.
+template <typename T, typename S>
+__device__ void NormalizeRow(const NormArgs<T>& a, const S* src, int64_t off, float inv,
+                             float* stage, float* scratch) {
   const int64_t first = static_cast<int64_t>(threadIdx.x) * kVec;
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * kVec;
   float y[kVec];
   if (a.y != nullptr) {
-    for (int64_t d0 = first; d0 < a.d; d0 += kThreads * kVec) {
+    for (int64_t d0 = first; d0 < a.d; d0 += stride) {
       const int cnt = ChunkCount(d0, a.d);
       NormChunk(src, a, d0, cnt, inv, y);
       StoreChunk(a.y + off + d0, cnt, y);
@@ -89,16 +122,24 @@ __device__ void NormalizeRow(const NormArgs<T>& a, int64_t off, float inv, float
   }
   if (a.q == nullptr) return;
   float amax = 0.0f;
-  for (int64_t d0 = first; d0 < a.d; d0 += kThreads * kVec) {
+  for (int64_t d0 = first; d0 < a.d; d0 += stride) {
     const int cnt = ChunkCount(d0, a.d);
     NormChunk(src, a, d0, cnt, inv, y);
-    for (int i = 0; i < cnt; ++i) amax = fmaxf(amax, fabsf(y[i]));
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {  // unrolled: keeps y in registers
+      if (i < cnt) amax = fmaxf(amax, fabsf(y[i]));
+      if (stage != nullptr) stage[d0 + i] = y[i];  // whole chunk: zeros past D
+    }
   }
-  amax = BlockMax<kThreads>(amax, scratch);
+  amax = BlockMax(amax, scratch);
   const float qinv = QuantInverse(amax);
-  for (int64_t d0 = first; d0 < a.d; d0 += kThreads * kVec) {
+  for (int64_t d0 = first; d0 < a.d; d0 += stride) {
     const int cnt = ChunkCount(d0, a.d);
-    NormChunk(src, a, d0, cnt, inv, y);
+    if (stage != nullptr) {
+      LoadChunk(stage + d0, cnt, y);
+    } else {
+      NormChunk(src, a, d0, cnt, inv, y);
+    }
     int8_t codes[kVec];
 #pragma unroll
     for (int i = 0; i < kVec; ++i) codes[i] = QuantCode(y[i], qinv);
@@ -107,24 +148,41 @@ __device__ void NormalizeRow(const NormArgs<T>& a, int64_t off, float inv, float
   if (threadIdx.x == 0) a.s[blockIdx.x] = QuantScale(amax);
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) NormRowsKernel(NormArgs<T> a) {
+template <typename T, bool kStaged>
+__global__ void __launch_bounds__(kStaged ? kMaxThreads : kStreamThreads)
+    NormRowsKernel(NormArgs<T> a) {
+  extern __shared__ __align__(16) float row[];  // kStaged: the row's h, D rounded up to kVec
   __shared__ float inv_shared;
-  __shared__ float scratch[kWarps];
+  __shared__ float scratch[kMaxThreads / kWarpSize];
   const int64_t off = static_cast<int64_t>(blockIdx.x) * a.d;
+  if constexpr (kStaged) {
+    StageRow(a, off, row);
+    __syncthreads();
+  }
   if (threadIdx.x < kWarpSize) {
-    const float ss = SumSquares(a, off, static_cast<int>(threadIdx.x));
+    const float ss = SumSquares<T, kStaged>(a, row, off, static_cast<int>(threadIdx.x));
     if (threadIdx.x == 0) inv_shared = InverseRms(ss, a.d, a.eps);
   }
-  __syncthreads();  // publishes inv and, for add_rmsnorm, warp 0's writes of h
-  NormalizeRow(a, off, inv_shared, scratch);
+  __syncthreads();  // publishes inv and, unstaged add_rmsnorm, warp 0's writes of h
+  if constexpr (kStaged) {
+    NormalizeRow(a, static_cast<const float*>(row), off, inv_shared, row, scratch);
+  } else {  // h holds the rounded sum when there is a residual
+    NormalizeRow(a, (a.residual != nullptr ? a.h : a.x) + off, off, inv_shared, nullptr, scratch);
+  }
 }
 
 template <typename T>
 ffi::Error Launch(cudaStream_t stream, int64_t m, const NormArgs<T>& a, const char* op) {
   if (m == 0) return ffi::Error::Success();
   PRISM_REQUIRE(m <= 0x7fffffff, std::string(op) + ": too many rows for one grid");
-  NormRowsKernel<T><<<static_cast<unsigned>(m), kThreads, 0, stream>>>(a);
+  const unsigned grid = static_cast<unsigned>(m);
+  if (a.d <= kMaxStagedD) {
+    const int threads = RowBlockThreads(m, a.d);
+    const size_t smem = static_cast<size_t>(CeilDiv(a.d, kVec) * kVec) * sizeof(float);
+    NormRowsKernel<T, true><<<grid, threads, smem, stream>>>(a);
+  } else {
+    NormRowsKernel<T, false><<<grid, kStreamThreads, 0, stream>>>(a);
+  }
   return LaunchStatus(op);
 }
 
