@@ -12,7 +12,7 @@ One model, three precisions:
         accuracy reference and the "generic engine" baseline.
   fp32  XLA dots in fp32 at HIGHEST precision: ground truth.
 
-Logical axes (nnx.Param sharding_names, mapped to the mesh in one place, never here):
+Logical axes (nnx.Param out_sharding metadata, mapped to the mesh in one place, never here):
   "vocab" V, "embed" D, "mlp" F, "heads" N*H (flattened by head), "kv_heads" K,
   "head_dim" H; None for small axes that are never sharded (the q/k/v and gate/up slots).
 """
@@ -58,7 +58,7 @@ class Quantized(NamedTuple):
 def _param(shape: tuple[int, ...], dtype, axes: tuple[str | None, ...]) -> nnx.Param:
     assert len(axes) == len(shape), f"axes {axes} do not name every dim of {shape}"
     # eager_sharding=False: the names are metadata for a later mesh, not a request to shard now.
-    return nnx.Param(jnp.zeros(shape, dtype), sharding_names=axes, eager_sharding=False)
+    return nnx.Param(jnp.zeros(shape, dtype), out_sharding=axes, eager_sharding=False)
 
 
 def assign(var: nnx.Param, value, what: str) -> None:
