@@ -133,7 +133,8 @@ def _gemma3(**kw: Any) -> ModelConfig:
 
 
 # Values from the published HF config.json files of each model (tests/model/test_config.py
-# rebuilds each preset from those values through from_hf_config).
+# rebuilds each preset from those values through from_hf_config). Kept as compact tables.
+# fmt: off
 GEMMA3_270M = _gemma3(
     vocab_size=262_144, hidden_size=640, intermediate_size=2048, num_layers=18, num_heads=4,
     num_kv_heads=1, head_dim=256, sliding_window=512, query_pre_attn_scalar=256,
@@ -191,6 +192,7 @@ PRESETS: dict[str, ModelConfig] = {
     "qwen2.5-0.5b": QWEN2_5_0_5B,
     "qwen3-0.6b": QWEN3_0_6B,
 }
+# fmt: on
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,6 +212,7 @@ class EngineConfig:
 # transformers fills keys that config.json omits from its config class defaults (Gemma 3 4B's
 # text_config has no num_attention_heads, 27B's none of vocab_size), so we do the same with the
 # defaults of transformers 4.57; keys that define the model's shape are required instead.
+# fmt: off
 _MODEL_TYPES = {"gemma3": "gemma3", "gemma3_text": "gemma3", "llama": "llama", "qwen2": "qwen2",
                 "qwen3": "qwen3"}
 _REQUIRED = {
@@ -236,6 +239,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
 }
 _ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh", "silu": "silu"}
 _LAYER_TYPES = {"sliding_attention": "sliding", "full_attention": "global"}
+# fmt: on
 
 
 class _HFConfig:
@@ -278,9 +282,12 @@ def _rope_scaling(spec: dict[str, Any] | None, where: str) -> tuple[float, Llama
     if kind == "linear":
         return float(spec["factor"]), None
     if kind == "llama3":
-        return 1.0, Llama3Rope(float(spec["factor"]), float(spec["low_freq_factor"]),
-                               float(spec["high_freq_factor"]),
-                               int(spec["original_max_position_embeddings"]))
+        return 1.0, Llama3Rope(
+            float(spec["factor"]),
+            float(spec["low_freq_factor"]),
+            float(spec["high_freq_factor"]),
+            int(spec["original_max_position_embeddings"]),
+        )
     raise NotImplementedError(
         f"rope_type {kind!r} in {where} is not supported (supported: default, linear, llama3)"
     )
@@ -298,15 +305,20 @@ def _common(c: _HFConfig, family: str) -> dict[str, Any]:
     if act not in _ACTIVATIONS:
         raise NotImplementedError(f"activation {act!r} is not supported: {sorted(_ACTIVATIONS)}")
     return dict(
-        family=family, vocab_size=int(c["vocab_size"]), hidden_size=int(d["hidden_size"]),
-        intermediate_size=int(d["intermediate_size"]), num_layers=int(d["num_hidden_layers"]),
+        family=family,
+        vocab_size=int(c["vocab_size"]),
+        hidden_size=int(d["hidden_size"]),
+        intermediate_size=int(d["intermediate_size"]),
+        num_layers=int(d["num_hidden_layers"]),
         num_heads=int(c["num_attention_heads"]),
         num_kv_heads=int(c.get("num_key_value_heads") or c["num_attention_heads"]),
         head_dim=int(c.get("head_dim") or d["hidden_size"] // c["num_attention_heads"]),
-        rms_norm_eps=float(c["rms_norm_eps"]), activation=_ACTIVATIONS[act],
+        rms_norm_eps=float(c["rms_norm_eps"]),
+        activation=_ACTIVATIONS[act],
         tie_word_embeddings=bool(c["tie_word_embeddings"]),
         max_position_embeddings=int(c["max_position_embeddings"]),
-        bos_token_id=c.get("bos_token_id"), eos_token_ids=_eos(c.get("eos_token_id")),
+        bos_token_id=c.get("bos_token_id"),
+        eos_token_ids=_eos(c.get("eos_token_id")),
     )
 
 
@@ -325,14 +337,22 @@ def _gemma3_from_hf(d: dict[str, Any]) -> ModelConfig:
     _rope_scaling(local, "the sliding layers' rope")  # must be default
     n = int(d["num_hidden_layers"])
     types = d.get("layer_types")
-    layer_types = (tuple(_LAYER_TYPES[t] for t in types) if types
-                   else gemma3_layer_types(n, int(c["sliding_window_pattern"])))
+    layer_types = (
+        tuple(_LAYER_TYPES[t] for t in types)
+        if types
+        else gemma3_layer_types(n, int(c["sliding_window_pattern"]))
+    )
     return ModelConfig(
-        **_common(c, "gemma3"), rope_theta=float(theta),
+        **_common(c, "gemma3"),
+        rope_theta=float(theta),
         rope_local_theta=float(local_theta or c["rope_local_base_freq"]),
-        rope_scaling_factor=linear, sliding_window=int(c["sliding_window"]),
-        layer_types=layer_types, norm_weight_offset=1.0,
-        embed_scale=math.sqrt(int(d["hidden_size"])), qk_norm=True, sandwich_norms=True,
+        rope_scaling_factor=linear,
+        sliding_window=int(c["sliding_window"]),
+        layer_types=layer_types,
+        norm_weight_offset=1.0,
+        embed_scale=math.sqrt(int(d["hidden_size"])),
+        qk_norm=True,
+        sandwich_norms=True,
         query_pre_attn_scalar=float(c["query_pre_attn_scalar"]),
         final_logit_softcap=float(c.get("final_logit_softcapping") or 0.0),
     )
@@ -352,8 +372,12 @@ def _llama_like_from_hf(d: dict[str, Any], family: str) -> ModelConfig:
     if any(t != "full_attention" for t in d.get("layer_types") or ()):
         raise NotImplementedError(f"{family}: only full-attention layers are supported")
     return ModelConfig(
-        **_common(c, family), rope_theta=float(theta), rope_scaling_factor=linear,
-        rope_llama3=llama3, qk_norm=family == "qwen3", qkv_bias=family == "qwen2",
+        **_common(c, family),
+        rope_theta=float(theta),
+        rope_scaling_factor=linear,
+        rope_llama3=llama3,
+        qk_norm=family == "qwen3",
+        qkv_bias=family == "qwen2",
     )
 
 

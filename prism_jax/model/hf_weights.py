@@ -30,8 +30,11 @@ def hf_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (c.vocab_size, d)
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
-        for name, out in (("q", c.num_heads * h), ("k", c.num_kv_heads * h),
-                          ("v", c.num_kv_heads * h)):
+        for name, out in (
+            ("q", c.num_heads * h),
+            ("k", c.num_kv_heads * h),
+            ("v", c.num_kv_heads * h),
+        ):
             shapes[f"{p}self_attn.{name}_proj.weight"] = (out, d)
             if c.qkv_bias:
                 shapes[f"{p}self_attn.{name}_proj.bias"] = (out,)
@@ -51,9 +54,12 @@ def _norm_names(config: ModelConfig) -> dict[str, str]:
     """HF norm name -> our DecoderLayer attribute. HF Llama's post_attention_layernorm is the
     norm before the MLP; Gemma's is the post-norm of the attention output."""
     if config.sandwich_norms:
-        return {"input_layernorm": "input_norm", "post_attention_layernorm": "post_attn_norm",
-                "pre_feedforward_layernorm": "pre_mlp_norm",
-                "post_feedforward_layernorm": "post_mlp_norm"}
+        return {
+            "input_layernorm": "input_norm",
+            "post_attention_layernorm": "post_attn_norm",
+            "pre_feedforward_layernorm": "pre_mlp_norm",
+            "post_feedforward_layernorm": "post_mlp_norm",
+        }
     return {"input_layernorm": "input_norm", "post_attention_layernorm": "pre_mlp_norm"}
 
 
@@ -63,8 +69,9 @@ def _strip_prefix(tensors: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]
         return tensors
     for prefix in _PREFIXES:
         if prefix + "embed_tokens.weight" in tensors:
-            out = {"model." + k[len(prefix):]: v for k, v in tensors.items()
-                   if k.startswith(prefix)}
+            out = {
+                "model." + k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)
+            }
             for head in ("lm_head.weight", "language_model.lm_head.weight"):
                 if head in tensors:
                     out["lm_head.weight"] = tensors[head]
@@ -102,8 +109,9 @@ def _fuse_qkv(config: ModelConfig, q, k, v) -> np.ndarray:
     return np.concatenate([q, k, v], axis=1)  # (K, G+2, H, ...)
 
 
-def _load_layer(config: ModelConfig, layer: DecoderLayer, t: Mapping[str, np.ndarray],
-                p: str) -> None:
+def _load_layer(
+    config: ModelConfig, layer: DecoderLayer, t: Mapping[str, np.ndarray], p: str
+) -> None:
     a = p + "self_attn."
     qkv = [t[f"{a}{n}_proj.weight"] for n in "qkv"]
     bias = None
@@ -122,8 +130,9 @@ def _load_layer(config: ModelConfig, layer: DecoderLayer, t: Mapping[str, np.nda
     layer.mlp.down.load(t[m + "down_proj.weight"], what=m + "down_proj.weight")
 
 
-def params_from_hf(config: ModelConfig, tensors: Mapping[str, np.ndarray],
-                   precision: Precision) -> Params:
+def params_from_hf(
+    config: ModelConfig, tensors: Mapping[str, np.ndarray], precision: Precision
+) -> Params:
     """Builds Params from an HF state dict ({name: array}; extra tensors are ignored).
 
     Args:

@@ -82,8 +82,15 @@ class Linear(nnx.Module):
     every logical axis can be sharded on its own; the GEMM sees w as [prod(out), K].
     """
 
-    def __init__(self, in_dim: int, out: tuple[int, ...], axes: tuple[str | None, ...],
-                 precision: Precision, *, bias: bool = False) -> None:
+    def __init__(
+        self,
+        in_dim: int,
+        out: tuple[int, ...],
+        axes: tuple[str | None, ...],
+        precision: Precision,
+        *,
+        bias: bool = False,
+    ) -> None:
         check_precision(precision)
         self.precision, self.in_dim, self.out = precision, in_dim, tuple(out)
         shape = (*self.out, in_dim)
@@ -117,9 +124,13 @@ class Linear(nnx.Module):
             y = ops.int8_gemm(x.q, x.s, w_q, self.s_w[...].reshape(-1), out_dtype=jnp.float32)
         else:
             w = self.w[...].reshape(-1, self.in_dim)  # (prod(out), K)
-            y = jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())),
-                                    precision=dot_precision(w.dtype),
-                                    preferred_element_type=jnp.float32).astype(x.dtype)
+            y = jax.lax.dot_general(
+                x,
+                w,
+                (((1,), (1,)), ((), ())),
+                precision=dot_precision(w.dtype),
+                preferred_element_type=jnp.float32,
+            ).astype(x.dtype)
         y = y.reshape(t, *self.out)  # (T, *out)
         return y if self.bias is None else y + self.bias[...]
 
@@ -217,7 +228,8 @@ def _llama3_scaling(inv: np.ndarray, r) -> np.ndarray:
     wavelen = np.float32(2 * np.pi) / inv
     scaled = np.where(wavelen > low_wavelen, inv / np.float32(r.factor), inv)
     smooth = (r.original_max_position_embeddings / wavelen - r.low_freq_factor) / (
-        r.high_freq_factor - r.low_freq_factor)
+        r.high_freq_factor - r.low_freq_factor
+    )
     smoothed = (1 - smooth) * scaled / np.float32(r.factor) + smooth * scaled
     medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return np.where(medium, smoothed, scaled).astype(np.float32)
@@ -251,11 +263,13 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
     kv = k.shape[1]
     prec = dot_precision(q.dtype)
     qg = q.reshape(t, kv, n // kv, h)  # (T, K, G, H): query head n uses kv head n // G, as HF
-    scores = jnp.einsum("tkgh,skh->kgts", qg, k, precision=prec,
-                        preferred_element_type=jnp.float32) * jnp.float32(scale)  # (K, G, T, S)
+    scores = jnp.einsum(
+        "tkgh,skh->kgts", qg, k, precision=prec, preferred_element_type=jnp.float32
+    ) * jnp.float32(scale)  # (K, G, T, S)
     allowed = mask[None, None]
     scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
     probs = jnp.where(allowed, jax.nn.softmax(scores, axis=-1), 0.0).astype(v.dtype)
-    out = jnp.einsum("kgts,skh->tkgh", probs, v, precision=prec,
-                     preferred_element_type=jnp.float32)  # (T, K, G, H)
+    out = jnp.einsum(
+        "kgts,skh->tkgh", probs, v, precision=prec, preferred_element_type=jnp.float32
+    )  # (T, K, G, H)
     return out.reshape(t, n * h).astype(q.dtype)  # (T, N*H)

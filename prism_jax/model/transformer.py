@@ -48,8 +48,13 @@ class Attention(nnx.Module):
     def __init__(self, config: ModelConfig, layer: int, precision: Precision) -> None:
         c = config
         self.config, self.layer, self.precision = c, layer, precision
-        self.qkv = Linear(c.hidden_size, (c.num_kv_heads, c.num_groups + 2, c.head_dim),
-                          ("kv_heads", None, "head_dim", "embed"), precision, bias=c.qkv_bias)
+        self.qkv = Linear(
+            c.hidden_size,
+            (c.num_kv_heads, c.num_groups + 2, c.head_dim),
+            ("kv_heads", None, "head_dim", "embed"),
+            precision,
+            bias=c.qkv_bias,
+        )
         self.o = Linear(c.num_heads * c.head_dim, (c.hidden_size,), ("embed", "heads"), precision)
         self.q_norm = RMSNorm(c.head_dim, c, precision, "head_dim") if c.qk_norm else None
         self.k_norm = RMSNorm(c.head_dim, c, precision, "head_dim") if c.qk_norm else None
@@ -78,8 +83,9 @@ class MLP(nnx.Module):
     def __init__(self, config: ModelConfig, precision: Precision) -> None:
         c = config
         self.activation, self.precision = c.activation, precision
-        self.gate_up = Linear(c.hidden_size, (2, c.intermediate_size), (None, "mlp", "embed"),
-                              precision)
+        self.gate_up = Linear(
+            c.hidden_size, (2, c.intermediate_size), (None, "mlp", "embed"), precision
+        )
         self.down = Linear(c.intermediate_size, (c.hidden_size,), ("embed", "mlp"), precision)
 
     def __call__(self, x: Quantized | jax.Array) -> jax.Array:
@@ -127,8 +133,9 @@ class Transformer(nnx.Module):
         self.embed = Embedding(c.vocab_size, c.hidden_size, precision)
         self.layers = nnx.List([DecoderLayer(c, i, precision) for i in range(c.num_layers)])
         self.final_norm = RMSNorm(c.hidden_size, c, precision, "embed")
-        self.lm_head = None if c.tie_word_embeddings else Embedding(
-            c.vocab_size, c.hidden_size, precision)
+        self.lm_head = (
+            None if c.tie_word_embeddings else Embedding(c.vocab_size, c.hidden_size, precision)
+        )
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
         h = self.embed.lookup(tokens, self.config.embed_scale)  # (T, D)
@@ -176,15 +183,19 @@ def _check_step_inputs(tokens, positions, mask) -> None:
     if tokens.ndim != 1 or tokens.dtype != jnp.int32:
         raise ValueError(f"tokens must be int32 [T], got {tokens.dtype} {list(tokens.shape)}")
     if positions.shape != (t,) or positions.dtype != jnp.int32:
-        raise ValueError(f"positions must be int32 [{t}], got {positions.dtype} "
-                         f"{list(positions.shape)}")
+        raise ValueError(
+            f"positions must be int32 [{t}], got {positions.dtype} {list(positions.shape)}"
+        )
     if mask.shape != (t, t) or mask.dtype != jnp.bool_:
-        raise ValueError(f"mask must be bool [{t}, {t}] (mask[q, k]: q may attend k), got "
-                         f"{mask.dtype} {list(mask.shape)}")
+        raise ValueError(
+            f"mask must be bool [{t}, {t}] (mask[q, k]: q may attend k), got "
+            f"{mask.dtype} {list(mask.shape)}"
+        )
 
 
-def forward(params: Params, config: ModelConfig, tokens: jax.Array, positions: jax.Array,
-            mask: jax.Array) -> jax.Array:
+def forward(
+    params: Params, config: ModelConfig, tokens: jax.Array, positions: jax.Array, mask: jax.Array
+) -> jax.Array:
     """Runs the decoder over one flat token sequence.
 
     Args:
@@ -210,14 +221,19 @@ def full_logits(params: Params, config: ModelConfig, hidden: jax.Array) -> jax.A
     """Logits over the whole vocabulary, fp32 [T, V] (tests and the generic baseline)."""
     emb = bind(params, config).output_embedding()
     dtype = jnp.promote_types(hidden.dtype, emb.dtype)
-    logits = jax.lax.dot_general(hidden.astype(dtype), emb.astype(dtype),
-                                 (((1,), (1,)), ((), ())), precision=dot_precision(dtype),
-                                 preferred_element_type=jnp.float32)  # (T, V)
+    logits = jax.lax.dot_general(
+        hidden.astype(dtype),
+        emb.astype(dtype),
+        (((1,), (1,)), ((), ())),
+        precision=dot_precision(dtype),
+        preferred_element_type=jnp.float32,
+    )  # (T, V)
     return _softcap(logits, config.final_logit_softcap)
 
 
-def candidate_readout(params: Params, config: ModelConfig, hidden_rows: jax.Array,
-                      ids: jax.Array, counts: jax.Array) -> tuple[jax.Array, jax.Array]:
+def candidate_readout(
+    params: Params, config: ModelConfig, hidden_rows: jax.Array, ids: jax.Array, counts: jax.Array
+) -> tuple[jax.Array, jax.Array]:
     """Candidate logits and log-probabilities renormalised over each row's candidates.
 
     Args:

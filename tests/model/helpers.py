@@ -27,8 +27,13 @@ def run(params: Params, config: ModelConfig, tokens, positions=None, mask=None) 
     t = len(tokens)
     positions = np.arange(t) if positions is None else positions
     mask = causal(t) if mask is None else mask
-    h = _forward(params, config, jnp.asarray(tokens, jnp.int32), jnp.asarray(positions, jnp.int32),
-                 jnp.asarray(mask))
+    h = _forward(
+        params,
+        config,
+        jnp.asarray(tokens, jnp.int32),
+        jnp.asarray(positions, jnp.int32),
+        jnp.asarray(mask),
+    )
     return np.asarray(h.astype(jnp.float32))
 
 
@@ -52,8 +57,9 @@ def our_logits(case_dir: pathlib.Path, precision: str) -> np.ndarray:
     config, _, tokens = load_case(case_dir)
     params = our_params(case_dir, precision)
     t = len(tokens)
-    h = _forward(params, config, jnp.asarray(tokens, jnp.int32), jnp.arange(t, dtype=jnp.int32),
-                 causal(t))
+    h = _forward(
+        params, config, jnp.asarray(tokens, jnp.int32), jnp.arange(t, dtype=jnp.int32), causal(t)
+    )
     return np.asarray(_full_logits(params, config, h))
 
 

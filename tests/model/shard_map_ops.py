@@ -27,8 +27,7 @@ def check(name: str, fn, row_args, shared_args=()) -> None:
     specs = (P("rows"),) * len(row_args) + (P(),) * len(shared_args)
     sharded_fn = jax.shard_map(fn, mesh=mesh, in_specs=specs, out_specs=P("rows"))
     sharded = jax.jit(sharded_fn)(*row_args, *shared_args)
-    for i, (a, b) in enumerate(zip(jax.tree.leaves(whole), jax.tree.leaves(sharded),
-                                   strict=True)):
+    for i, (a, b) in enumerate(zip(jax.tree.leaves(whole), jax.tree.leaves(sharded), strict=True)):
         a, b = np.asarray(a), np.asarray(b)
         same = a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8))
         assert same, f"{name}: output {i} differs between shard_map over rows and one device"
@@ -49,22 +48,41 @@ def check_ops(rng: np.random.Generator) -> None:
     check("quantize_rows", ops.quantize_rows, (x,))
     check("rmsnorm", lambda a, b: ops.rmsnorm(a, b, eps=1e-6, weight_offset=1.0), (x,), (g,))
     check("rmsnorm_quant", lambda a, b: ops.rmsnorm_quant(a, b, eps=1e-6), (x,), (g,))
-    check("add_rmsnorm_quant", lambda a, b, c: ops.add_rmsnorm_quant(a, b, c, eps=1e-5),
-          (x, r), (g,))
+    check(
+        "add_rmsnorm_quant", lambda a, b, c: ops.add_rmsnorm_quant(a, b, c, eps=1e-5), (x, r), (g,)
+    )
     for act in ("gelu_tanh", "silu"):
-        check(f"glu_quant[{act}]", lambda a, b, act=act: ops.glu_quant(a, b, activation=act),
-              (gate, up))
-    check("candidate_head", lambda h, i, n, e: ops.candidate_head(h, e, i, n, softcap=30.0),
-          (x, ids, counts), (emb,))
+        check(
+            f"glu_quant[{act}]",
+            lambda a, b, act=act: ops.glu_quant(a, b, activation=act),
+            (gate, up),
+        )
+    check(
+        "candidate_head",
+        lambda h, i, n, e: ops.candidate_head(h, e, i, n, softcap=30.0),
+        (x, ids, counts),
+        (emb,),
+    )
     check("vocab_logsumexp", lambda h, e: ops.vocab_logsumexp(h, e, softcap=30.0), (x,), (emb,))
 
 
 def check_model_mlp(rng: np.random.Generator) -> None:
     """The int8 layer wrappers (fused add+norm+quantise, gate/up GEMM, GLU, down GEMM)."""
-    config = ModelConfig(family="gemma3", vocab_size=V, hidden_size=D, intermediate_size=F,
-                         num_layers=1, num_heads=2, num_kv_heads=1, head_dim=32,
-                         rms_norm_eps=1e-6, rope_theta=1e4, activation="gelu_tanh",
-                         norm_weight_offset=1.0, sandwich_norms=True)
+    config = ModelConfig(
+        family="gemma3",
+        vocab_size=V,
+        hidden_size=D,
+        intermediate_size=F,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=32,
+        rms_norm_eps=1e-6,
+        rope_theta=1e4,
+        activation="gelu_tanh",
+        norm_weight_offset=1.0,
+        sandwich_norms=True,
+    )
     params = init_random(config, "int8", seed=1)
 
     def mlp_block(h, delta, params):
@@ -81,7 +99,8 @@ def main() -> None:
     assert len(jax.devices()) == 4, (
         f"needs 4 devices, got {len(jax.devices())}: run with "
         "XLA_FLAGS=--xla_force_host_platform_device_count=4 (XLA_FLAGS was "
-        f"{os.environ.get('XLA_FLAGS')!r})")
+        f"{os.environ.get('XLA_FLAGS')!r})"
+    )
     seed = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     rng = np.random.default_rng(seed)
     check_ops(rng)

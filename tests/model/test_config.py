@@ -10,6 +10,8 @@ import pytest
 from prism_jax import config as C
 from prism_jax.config import ModelConfig
 
+# Config tables read best compact.
+# fmt: off
 _GEMMA_270M_TYPES = (["sliding_attention"] * 5 + ["full_attention"]) * 3
 # The published config.json files (the keys that matter; the rest take HF's defaults).
 PUBLISHED = {
@@ -63,6 +65,7 @@ PUBLISHED = {
         rms_norm_eps=1e-6, rope_theta=1_000_000, rope_scaling=None, tie_word_embeddings=True,
         max_position_embeddings=40_960, attention_bias=False),
 }
+# fmt: on
 
 
 def model_fields(config: ModelConfig) -> dict:
@@ -81,21 +84,37 @@ def test_presets_match_published_configs(name):
 
 def test_gemma3_27b_is_the_benchmark_shape():
     c = C.GEMMA3_27B
-    assert (c.vocab_size, c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads,
-            c.head_dim, c.intermediate_size, c.sliding_window) == (
-        262_208, 5376, 62, 32, 16, 128, 21504, 1024)
+    assert (
+        c.vocab_size,
+        c.hidden_size,
+        c.num_layers,
+        c.num_heads,
+        c.num_kv_heads,
+        c.head_dim,
+        c.intermediate_size,
+        c.sliding_window,
+    ) == (262_208, 5376, 62, 32, 16, 128, 21504, 1024)
     assert c.layer_types.count("global") == 10 and c.attention_scale == 168**-0.5
 
 
 def test_transformers5_rope_parameters():
-    gemma = dict(PUBLISHED["gemma3-270m"], rope_theta=None, rope_local_base_freq=None,
-                 rope_scaling=None, rope_parameters={
-                     "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
-                     "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+    gemma = dict(
+        PUBLISHED["gemma3-270m"],
+        rope_theta=None,
+        rope_local_base_freq=None,
+        rope_scaling=None,
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    )
     c = ModelConfig.from_hf_config(gemma)
     assert (c.rope_theta, c.rope_local_theta, c.rope_scaling_factor) == (1e6, 1e4, 4.0)
-    llama = dict(PUBLISHED["smollm2-135m"], rope_theta=None,
-                 rope_parameters={"rope_type": "default", "rope_theta": 12345.0})
+    llama = dict(
+        PUBLISHED["smollm2-135m"],
+        rope_theta=None,
+        rope_parameters={"rope_type": "default", "rope_theta": 12345.0},
+    )
     assert ModelConfig.from_hf_config(llama).rope_theta == 12345.0
 
 
@@ -108,12 +127,15 @@ def test_missing_shape_keys_are_named():
         ModelConfig.from_hf_config({"hidden_size": 8})
 
 
-@pytest.mark.parametrize(("changes", "match"), [
-    ({"model_type": "mistral"}, "model_type 'mistral' is not supported"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
-    ({"use_sliding_window": True}, "use_sliding_window"),
-    ({"hidden_act": "relu"}, "activation 'relu'"),
-])
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"model_type": "mistral"}, "model_type 'mistral' is not supported"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
+        ({"use_sliding_window": True}, "use_sliding_window"),
+        ({"hidden_act": "relu"}, "activation 'relu'"),
+    ],
+)
 def test_unsupported_features_say_so(changes, match):
     with pytest.raises(NotImplementedError, match=match):
         ModelConfig.from_hf_config(dict(PUBLISHED["qwen2.5-0.5b"], **changes))

@@ -44,8 +44,10 @@ def padded_alone(tokens, length):
     return np.pad(tokens, (0, length - t)), np.arange(length), mask
 
 
-@pytest.mark.parametrize(("family", "precision"), [
-    ("gemma3", "fp32"), ("gemma3", "bf16"), ("gemma3", "int8"), ("qwen3", "int8")])
+@pytest.mark.parametrize(
+    ("family", "precision"),
+    [("gemma3", "fp32"), ("gemma3", "bf16"), ("gemma3", "int8"), ("qwen3", "int8")],
+)
 def test_forest_matches_separate_questions(family, precision, rng):
     config = ModelConfig.from_hf_config(TINY_HF_CONFIGS[family])
     params = init_random(config, precision, seed=int(rng.integers(1 << 30)))
@@ -54,10 +56,12 @@ def test_forest_matches_separate_questions(family, precision, rng):
     flat = run(params, config, tokens, positions, mask)
     alone_a = run(params, config, *padded_alone(np.concatenate([prefix, qa]), len(tokens)))
     alone_b = run(params, config, *padded_alone(np.concatenate([prefix, qb]), len(tokens)))
-    alone_a, alone_b = alone_a[:PREFIX + QA], alone_b[:PREFIX + QB]
-    pairs = {"prefix": (flat[:PREFIX], alone_a[:PREFIX]),
-             "question a": (flat[PREFIX:PREFIX + QA], alone_a[PREFIX:]),
-             "question b": (flat[PREFIX + QA:], alone_b[PREFIX:])}
+    alone_a, alone_b = alone_a[: PREFIX + QA], alone_b[: PREFIX + QB]
+    pairs = {
+        "prefix": (flat[:PREFIX], alone_a[:PREFIX]),
+        "question a": (flat[PREFIX : PREFIX + QA], alone_a[PREFIX:]),
+        "question b": (flat[PREFIX + QA :], alone_b[PREFIX:]),
+    }
     scale = alone_a.std()
     for what, (got, want) in pairs.items():
         diff = np.abs(got - want).max() / scale

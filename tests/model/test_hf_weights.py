@@ -61,8 +61,9 @@ def test_fused_layouts_follow_hf_heads(qwen2, rng):
     for n in range(qwen2.num_heads):
         np.testing.assert_array_equal(qkv[n // g, n % g], q[n])
     np.testing.assert_array_equal(qkv[:, g], k)
-    np.testing.assert_array_equal(np.asarray(layer.attn.qkv.bias[...])[:, g + 1],
-                                  tensors[p + "v_proj.bias"].reshape(-1, h))
+    np.testing.assert_array_equal(
+        np.asarray(layer.attn.qkv.bias[...])[:, g + 1], tensors[p + "v_proj.bias"].reshape(-1, h)
+    )
     gate_up = np.asarray(layer.mlp.gate_up.w[...])
     np.testing.assert_array_equal(gate_up[1], tensors["model.layers.1.mlp.up_proj.weight"])
 

@@ -34,8 +34,9 @@ def test_init_random_is_one_model_at_three_precisions(gemma, rng):
         kl = mean_kl(logits["fp32"], logits[precision])
         assert kl < 1e-2 and top1(logits["fp32"], logits[precision]) >= 0.8, (precision, kl)
     other = init_random(gemma, "fp32", seed=8)
-    assert not np.array_equal(jax.tree.leaves(other)[0], jax.tree.leaves(
-        init_random(gemma, "fp32", seed=7))[0]), "different seeds must give different weights"
+    assert not np.array_equal(
+        jax.tree.leaves(other)[0], jax.tree.leaves(init_random(gemma, "fp32", seed=7))[0]
+    ), "different seeds must give different weights"
 
 
 def test_every_parameter_has_logical_axes():
@@ -64,8 +65,9 @@ def test_step_inputs_are_checked(gemma):
     t = jnp.zeros(4, jnp.int32)
     mask = jnp.ones((4, 4), bool)
     with pytest.raises(ValueError, match=r"tokens must be int32 \[T\]"):
-        forward(params, gemma, t.astype(jnp.int64 if jax.config.x64_enabled else jnp.float32),
-                t, mask)
+        forward(
+            params, gemma, t.astype(jnp.int64 if jax.config.x64_enabled else jnp.float32), t, mask
+        )
     with pytest.raises(ValueError, match=r"mask must be bool \[4, 4\]"):
         forward(params, gemma, t, t, mask[:3])
     with pytest.raises(ValueError, match=r"positions must be int32 \[4\]"):

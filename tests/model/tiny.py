@@ -18,6 +18,8 @@ REF_PYTHON = ROOT / ".venv-ref" / "bin" / "python"
 REF_SCRIPT = ROOT / "tests" / "reference" / "hf_reference.py"
 T = 24  # longer than gemma3's sliding window below, so the window matters
 
+# Config tables read best compact.
+# fmt: off
 _SMALL = dict(vocab_size=384, hidden_size=64, max_position_embeddings=256)
 TINY_HF_CONFIGS: dict[str, dict] = {
     # Sliding and global layers with their own rope bases, linear scaling on the global ones,
@@ -51,6 +53,7 @@ TINY_HF_CONFIGS: dict[str, dict] = {
         tie_word_embeddings=False,
     ),
 }
+# fmt: on
 FAMILIES = tuple(TINY_HF_CONFIGS)
 
 
@@ -61,18 +64,26 @@ def tokens_for(name: str) -> list[int]:
 
 def require_reference() -> None:
     if not REF_PYTHON.exists():
-        pytest.skip(f"{REF_PYTHON} is missing: run `make ref-venv` (HF transformers + PyTorch "
-                    "CPU in Python 3.11) to compare against HF")
+        pytest.skip(
+            f"{REF_PYTHON} is missing: run `make ref-venv` (HF transformers + PyTorch "
+            "CPU in Python 3.11) to compare against HF"
+        )
 
 
 def run_reference(out_dir: pathlib.Path, seed: int = 0) -> pathlib.Path:
     """Builds every tiny HF model with random weights and writes its logits; returns out_dir."""
     require_reference()
-    cases = [dict(name=n, config=c, seed=seed + i, tokens=tokens_for(n))
-             for i, (n, c) in enumerate(TINY_HF_CONFIGS.items())]
+    cases = [
+        dict(name=n, config=c, seed=seed + i, tokens=tokens_for(n))
+        for i, (n, c) in enumerate(TINY_HF_CONFIGS.items())
+    ]
     spec = out_dir / "spec.json"
     spec.write_text(json.dumps(cases))
-    proc = subprocess.run([str(REF_PYTHON), str(REF_SCRIPT), str(spec), str(out_dir)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [str(REF_PYTHON), str(REF_SCRIPT), str(spec), str(out_dir)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, f"HF reference failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
     return out_dir
