@@ -33,7 +33,8 @@ def max_diff(a, b) -> float:
 
 def same_bits(a, b) -> bool:
     return all(
-        np.array_equal(np.asarray(x).view(np.uint8), np.asarray(y).view(np.uint8))
+        np.array_equal(np.asarray(x).reshape(-1).view(np.uint8),
+                       np.asarray(y).reshape(-1).view(np.uint8))
         for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
     )
 

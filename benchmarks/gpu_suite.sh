@@ -9,6 +9,7 @@ OUT=${OUT:-benchmarks/results}
 mkdir -p "$OUT"
 PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false  # several pytest workers share the GPU
 
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -35,7 +36,7 @@ if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; exit $rc; fi
 cp build/gpu/_prism_ops*.so prism_jax/
 
 echo "## op tests (CPU + CUDA)"
-$PY -m pytest -q -x -n 4 -p no:cacheprovider tests/ops tests/test_extension.py \
+$PY -m pytest -q -n 4 -p no:cacheprovider tests/ops tests/test_extension.py \
   --junitxml="$OUT/pytest.xml" 2>&1 | tail -25 | tee "$OUT/pytest.txt"
 test_rc=${PIPESTATUS[0]}
 
