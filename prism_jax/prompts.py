@@ -1,0 +1,115 @@
+"""Prompt rendering: root (system instructions) + trunk (the state) + branch (the question and
+its options, ending at the answer slot), and each option's continuation tokens.
+
+The prefix (root + trunk) is rendered and tokenised once per state, so every question about a
+state shares it token for token. Options are tokenised as they follow the rendered branch:
+the space or template text before an option belongs to the option.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from prism_jax.chat_template import ChatTemplate
+from prism_jax.questions import Question
+from prism_jax.tokenizer import Tokenizer
+
+SYSTEM_INSTRUCTIONS = (
+    "You are a careful decision assistant. Read the state, then answer the question with "
+    "exactly one of the listed options."
+)
+NOUL_WORDS = ("Yes", "No")  # shown for the "true" and "false" sides
+
+
+@dataclasses.dataclass(frozen=True)
+class RenderedQuestion:
+    prefix: tuple[int, ...]  # root + trunk, shared by every question on the state
+    branch: tuple[int, ...]  # question + options + answer slot (last token)
+    options: tuple[tuple[int, ...], ...]  # each option's continuation tokens
+
+    def __post_init__(self) -> None:
+        assert self.prefix or self.branch, "a prompt has at least one token"
+        assert all(self.options), "every option has at least one token"
+
+
+def state_text(state: Any) -> str:
+    """A state is shown verbatim when it is text, as indented JSON otherwise."""
+    if isinstance(state, str):
+        return state
+    return json.dumps(state, ensure_ascii=False, indent=2)
+
+
+def question_text(q: Question) -> tuple[str, tuple[str, ...]]:
+    """The question as the model reads it, and the option words it answers with."""
+    lines = [f"Question: {q.instructions}"] if q.instructions else ["Question:"]
+    if q.kind == "choice":
+        lines.append("Options:")
+        lines += [f"- {k}: {d}" if d else f"- {k}" for k, d in zip(q.keys, q.descriptions)]
+        lines.append("Answer with one option.")
+        return "\n".join(lines), q.keys
+    if q.kind == "noul":
+        for word, desc in zip(NOUL_WORDS, q.descriptions):
+            if desc:
+                lines.append(f"Answer {word} if: {desc}")
+        lines.append("Answer Yes or No.")
+        return "\n".join(lines), NOUL_WORDS
+    lines.append("Levels, from lowest (0) to highest:")
+    lines += [f"{i}: {d}" if d else f"{i}" for i, d in enumerate(q.descriptions)]
+    lines.append("Answer with the level number.")
+    return "\n".join(lines), q.keys
+
+
+class PromptRenderer:
+    """Renders questions for one tokenizer, with the model's chat template when it has one."""
+
+    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate | None) -> None:
+        self.tokenizer = tokenizer
+        self.template = template
+
+    def _texts(self, state: str, question: str) -> tuple[str, str, str]:
+        """-> (prefix text, branch text, text between branch and option)."""
+        if self.template is None:  # a base model: plain text, options after a space
+            prefix = f"{SYSTEM_INSTRUCTIONS}\n\nState:\n{state}\n\n"
+            return prefix, f"{question}\nAnswer:", " "
+        user = f"State:\n{state}\n\n{question}"
+        messages = [
+            {"role": "system", "content": SYSTEM_INSTRUCTIONS},
+            {"role": "user", "content": user},
+        ]
+        full = self.template.render(messages, add_generation_prompt=True)
+        cut = full.rfind(question)
+        assert cut > 0, "the chat template must show the question text verbatim"
+        return full[:cut], full[cut:], ""
+
+    def _encode_prefix(self, text: str) -> list[int]:
+        ids = self.tokenizer.encode(text, add_bos=False)
+        bos = self.tokenizer.bos_id
+        if self.tokenizer.adds_bos and bos is not None and ids[:1] != [bos]:
+            ids = [bos, *ids]
+        return ids
+
+    def option_tokens(self, branch_text: str, branch: list[int], option: str) -> tuple[int, ...]:
+        joint = self.tokenizer.encode(branch_text + option, add_bos=False)
+        bos = self.tokenizer.bos_id
+        if branch[:1] == [bos] and joint[:1] != [bos]:
+            branch = branch[1:]  # a raw prompt's BOS was added by _encode_prefix, not the text
+        if joint[: len(branch)] == branch and len(joint) > len(branch):
+            return tuple(joint[len(branch) :])
+        # The option merged with the branch's last token: tokenise it on its own instead.
+        return tuple(self.tokenizer.encode(option, add_bos=False))
+
+    def render(self, state: Any, q: Question) -> RenderedQuestion:
+        text, words = question_text(q)
+        prefix_text, branch_text, lead = self._texts(state_text(state), text)
+        prefix = self._encode_prefix(prefix_text)
+        branch = self.tokenizer.encode(branch_text, add_bos=False)
+        options = tuple(self.option_tokens(branch_text, branch, lead + w) for w in words)
+        return RenderedQuestion(tuple(prefix), tuple(branch), options)
+
+    def render_raw(self, prompt: str, options: list[str]) -> RenderedQuestion:
+        """A raw prompt (no template) and option strings, for engine.score."""
+        ids = self._encode_prefix(prompt)
+        opts = tuple(self.option_tokens(prompt, ids, o) for o in options)
+        return RenderedQuestion((), tuple(ids), opts)
