@@ -70,13 +70,15 @@ def require_reference() -> None:
         )
 
 
-def run_reference(out_dir: pathlib.Path, seed: int = 0) -> pathlib.Path:
-    """Builds every tiny HF model with random weights and writes its logits; returns out_dir."""
+def run_reference(out_dir: pathlib.Path, seed: int = 0, cases: list | None = None) -> pathlib.Path:
+    """Runs HF on `cases` (default: every tiny model with random weights), writing the logits
+    to out_dir/<name>/; returns out_dir."""
     require_reference()
-    cases = [
-        dict(name=n, config=c, seed=seed + i, tokens=tokens_for(n))
-        for i, (n, c) in enumerate(TINY_HF_CONFIGS.items())
-    ]
+    if cases is None:
+        cases = [
+            dict(name=n, config=c, seed=seed + i, tokens=tokens_for(n))
+            for i, (n, c) in enumerate(TINY_HF_CONFIGS.items())
+        ]
     spec = out_dir / "spec.json"
     spec.write_text(json.dumps(cases))
     proc = subprocess.run(

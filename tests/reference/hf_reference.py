@@ -2,10 +2,11 @@
 
     .venv-ref/bin/python tests/reference/hf_reference.py SPEC.json OUT_DIR
 
-SPEC.json: [{"name": str, "config": {HF config.json keys}, "seed": int, "tokens": [int]}].
-For each case, OUT_DIR/<name>/ receives the HF-saved config.json and model.safetensors (random
-weights with non-trivial norms, fp32) and the logits [T, V] of the fp32 model
-(logits_fp32.npy) and of the same weights cast to bf16 (logits_bf16.npy), eager attention.
+SPEC.json: [{"name": str, "config": {HF config.json keys}, "seed": int, "tokens": [int]}]
+or, for real weights, [{"name": str, "checkpoint": HF directory, "tokens": [int]}].
+For each case, OUT_DIR/<name>/ receives the logits [T, V] of the fp32 model (logits_fp32.npy)
+and of the same weights cast to bf16 (logits_bf16.npy), eager attention; random cases also
+get the HF-saved config.json and model.safetensors (random weights with non-trivial norms).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pathlib
 import sys
 
 import numpy as np
+import safetensors.numpy
 import torch
 import transformers
 
@@ -37,16 +39,39 @@ def randomize(model: torch.nn.Module, seed: int, gemma: bool) -> None:
                 p.copy_(noise / math.sqrt(p.shape[1]))
 
 
-def run_case(case: dict, out: pathlib.Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
+def load_checkpoint(directory: pathlib.Path) -> torch.nn.Module:
+    """An HF directory written by prism_jax's loader: its safetensors metadata says "np", which
+    from_pretrained refuses, so the state dict is loaded by hand."""
+    config = transformers.AutoConfig.from_pretrained(directory)
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, attn_implementation="eager", dtype=torch.float32
+    )
+    state = {
+        k: torch.from_numpy(np.asarray(v, np.float32))
+        for k, v in safetensors.numpy.load_file(directory / "model.safetensors").items()
+    }
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert set(missing) <= {"lm_head.weight"} and not unexpected, (missing, unexpected)
+    model.tie_weights()
+    return model
+
+
+def build(case: dict, out: pathlib.Path) -> torch.nn.Module:
+    if "checkpoint" in case:
+        return load_checkpoint(pathlib.Path(case["checkpoint"]))
     cfg = dict(case["config"])
     config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     model = transformers.AutoModelForCausalLM.from_config(
-        config, attn_implementation="eager", torch_dtype=torch.float32
+        config, attn_implementation="eager", dtype=torch.float32
     )
-    model.eval()
     randomize(model, case["seed"], gemma=config.model_type.startswith("gemma"))
     model.save_pretrained(out, safe_serialization=True)
+    return model
+
+
+def run_case(case: dict, out: pathlib.Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    model = build(case, out).eval()
     ids = torch.tensor([case["tokens"]], dtype=torch.long)
     with torch.no_grad():
         np.save(out / "logits_fp32.npy", model(ids).logits[0].float().numpy())
