@@ -28,7 +28,9 @@ test: build
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS) tests
 
 demo: build
-	$(PY) examples/ops_demo.py
+	$(PY) -m prism_jax decide --model default \
+	  --state "Hi, I was charged twice for my March invoice and need one charge refunded." \
+	  --instructions "What is this support ticket about?" --choice billing,technical,account
 
 # Bazel (offline, Debian's bazel-bootstrap); tests/test_bazel_build.py runs it when present.
 bazel-deps:

@@ -21,9 +21,17 @@ from prism_jax.config import ModelConfig, Precision
 from prism_jax.decide import answer, make_table_fn, option_probabilities_host
 from prism_jax.forest import TOKEN_BUCKETS, build_forest, pad
 from prism_jax.model.loader import load_checkpoint
+from prism_jax.model.registry import cache_root
 from prism_jax.prompts import PromptRenderer, RenderedQuestion
 from prism_jax.questions import DecisionRequestError, parse_questions
 from prism_jax.tokenizer import Tokenizer
+
+
+def enable_compilation_cache() -> None:
+    """Persists compiled steps across processes (first run compiles, later runs load)."""
+    if jax.config.jax_compilation_cache_dir is None:
+        jax.config.update("jax_compilation_cache_dir", str(cache_root() / "xla"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +55,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.renderer = PromptRenderer(tokenizer, template)
         self.name = name
+        enable_compilation_cache()
         # One jitted step per readout kind; each traces once per static bucket shape.
         self._steps = {
             full: jax.jit(make_table_fn(config, full_vocab=full)) for full in (False, True)
