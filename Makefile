@@ -24,7 +24,8 @@ $(VENV)/.built: $(VENV)/.deps CMakeLists.txt $(CC_SOURCES)
 	$(PIP) install --no-build-isolation -e ".[test,dev]"
 	touch $@
 
-test: build
+# ref-venv: HF transformers on PyTorch CPU (Python 3.11) for the model-vs-HF tests.
+test: build ref-venv
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS) tests
 
 demo: build
