@@ -13,7 +13,8 @@ import sys
 import time
 
 import torch
-from transformers import AutoModelForCausalLM
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForCausalLM
 
 
 def decide(model, questions, batched: bool):
@@ -40,7 +41,15 @@ def main() -> None:
     spec = json.load(open(sys.argv[1]))
     torch.set_num_threads(int(spec.get("threads", 2)))
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[spec["dtype"]]
-    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=dtype).eval()
+    # prism_jax's cached checkpoints are written with safetensors' numpy API ("np" format
+    # metadata), which from_pretrained refuses: build from the config, load the same tensors.
+    config = AutoConfig.from_pretrained(spec["model_dir"])
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    state = load_file(f"{spec['model_dir']}/model.safetensors")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all("lm_head" in m for m in missing), (missing, unexpected)
+    model.tie_weights()
+    model = model.to(dtype).eval()
     result = {}
     for name, questions in spec["scenarios"].items():
         for batched in (False, True) if len(questions) > 1 else (False,):

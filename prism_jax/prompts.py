@@ -106,10 +106,21 @@ class PromptRenderer:
         prefix = self._encode_prefix(prefix_text)
         branch = self.tokenizer.encode(branch_text, add_bos=False)
         options = tuple(self.option_tokens(branch_text, branch, lead + w) for w in words)
-        return RenderedQuestion(tuple(prefix), tuple(branch), options)
+        return factor_shared_tokens(RenderedQuestion(tuple(prefix), tuple(branch), options))
 
     def render_raw(self, prompt: str, options: list[str]) -> RenderedQuestion:
         """A raw prompt (no template) and option strings, for engine.score."""
         ids = self._encode_prefix(prompt)
         opts = tuple(self.option_tokens(prompt, ids, o) for o in options)
-        return RenderedQuestion((), tuple(ids), opts)
+        return factor_shared_tokens(RenderedQuestion((), tuple(ids), opts))
+
+
+def factor_shared_tokens(q: RenderedQuestion) -> RenderedQuestion:
+    """Moves a first token shared by every option (e.g. Gemma's lone space before a digit)
+    into the branch. Exact: P(t, rest) = P(t) P(rest | t), and the common factor P(t) cancels
+    when the options are renormalised; it often turns multi-token options into single-token
+    ones that need no vocabulary pass."""
+    branch, options = q.branch, q.options
+    while len(options) > 1 and all(len(o) > 1 and o[0] == options[0][0] for o in options):
+        branch, options = branch + options[0][:1], tuple(o[1:] for o in options)
+    return RenderedQuestion(q.prefix, branch, options)
