@@ -12,7 +12,8 @@
   X("prism_add_rmsnorm_quant", PrismAddRmsNormQuantCpu, PrismAddRmsNormQuantCuda) \
   X("prism_glu_quant", PrismGluQuantCpu, PrismGluQuantCuda)                    \
   X("prism_candidate_head", PrismCandidateHeadCpu, PrismCandidateHeadCuda)     \
-  X("prism_vocab_logsumexp", PrismVocabLogSumExpCpu, PrismVocabLogSumExpCuda)
+  X("prism_vocab_logsumexp", PrismVocabLogSumExpCpu, PrismVocabLogSumExpCuda) \
+  X("prism_tree_attention", PrismTreeAttentionCpu, PrismTreeAttentionCuda)
 
 #define PRISM_DECLARE_CPU(name, cpu, cuda) XLA_FFI_DECLARE_HANDLER_SYMBOL(cpu);
 #define PRISM_DECLARE_CUDA(name, cpu, cuda) XLA_FFI_DECLARE_HANDLER_SYMBOL(cuda);

@@ -12,6 +12,7 @@ from prism_jax.ops.glu_quant import glu_quant
 from prism_jax.ops.int8_gemm import int8_gemm
 from prism_jax.ops.quantize import dequantize_rows, quantize_rows, quantize_weight
 from prism_jax.ops.rmsnorm_quant import add_rmsnorm_quant, rmsnorm, rmsnorm_quant
+from prism_jax.ops.tree_attention import pack_chains, tree_attention
 
 register()
 
@@ -22,11 +23,13 @@ __all__ = [
     "dequantize_rows",
     "glu_quant",
     "int8_gemm",
+    "pack_chains",
     "quantize_rows",
     "quantize_weight",
     "register",
     "rmsnorm",
     "rmsnorm_quant",
+    "tree_attention",
     "use_impl",
     "vocab_logsumexp",
 ]
