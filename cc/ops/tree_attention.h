@@ -23,7 +23,9 @@
 // Token t first writes its k/v, then query t attends every key position p of its chain with
 // 0 <= p <= positions[t] and, if window > 0, p > positions[t] - window. A position covered by
 // several segments of a chain belongs to the first of them; a page id outside [0, P) or a page
-// index outside [0, Pt) makes its keys absent. Absent keys are never read.
+// index outside [0, Pt) makes its keys absent. Absent keys are never read. The op writes where
+// slot says and reads where the chain says: slot[t] must address positions[t] in chain_of[t]'s
+// segments, and real tokens' slots must be distinct (padding tokens may share page 0).
 //
 // Numerics (DESIGN.md "Numerics contract"): scores are canonical dots (numerics.h) times
 // scale. Keys are processed in tiles of kAttnTile ABSOLUTE positions, [0, 64), [64, 128), ...
@@ -32,7 +34,9 @@
 // +0 (mul then add). Tiles without a visible key are skipped. Partials are merged in increasing
 // tile order by MergeFactors; out = acc / l (zero if no key was visible). So a query's bits
 // depend only on its q and the k/v at the positions it sees: not on T, its index, the pages,
-// the segment split, the step its prefix was written in, or other queries.
+// the segment split, the step its prefix was written in, or other queries. (Tile partials do
+// not depend on earlier tiles, so a later split-KV kernel can compute them in parallel and keep
+// the bits by merging in the same order.)
 #pragma once
 
 #include <cmath>
@@ -100,7 +104,7 @@ PRISM_HD MergeWeights MergeFactors(float m, float mt) {
 PRISM_HD float Merged(float x, float a, float xt, float b) { return x * a + xt * b; }
 
 // Final normalisation; a query that saw no key outputs exact zeros.
-PRISM_HD float Normalised(float acc, float l) { return l > 0.0f ? acc / l : 0.0f; }
+PRISM_HD float Normalised(float acc, float l) { return l == 0.0f ? 0.0f : acc / l; }
 
 // Shapes and dtypes of the handler's buffers (a hand-written ffi_call must fail, never read
 // out of bounds); fills dm on success.

@@ -15,6 +15,9 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cc/common.h"

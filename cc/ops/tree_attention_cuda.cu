@@ -12,8 +12,11 @@
 // Command-buffer compatible: no allocation, no host synchronisation.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "cc/common.h"
 #include "cc/cuda_common.cuh"
