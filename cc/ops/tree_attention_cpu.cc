@@ -36,7 +36,9 @@ inline int64_t LaneMajor(int64_t d) {
 
 // The canonical dot of numerics.h on lane-major rows of length hp (zero padded: exact). The
 // butterfly is spelled out with constant bounds so that it compiles to a few vector adds.
-inline float LaneMajorDot(const float* a, const float* b, int64_t hp) {
+// Always inlined, so that it is compiled for the caller's target (TileStep's AVX2 clone).
+__attribute__((always_inline)) inline float LaneMajorDot(const float* a, const float* b,
+                                                        int64_t hp) {
   float lane[kLanes] = {0.0f};
   for (int64_t base = 0; base < hp; base += kLanes) {
     for (int i = 0; i < kLanes; ++i) lane[i] = lane[i] + a[base + i] * b[base + i];
@@ -49,21 +51,34 @@ inline float LaneMajorDot(const float* a, const float* b, int64_t hp) {
   return lane[0] + lane[1];
 }
 
+// Eight floats as one value (GCC/Clang vector extension): elementwise IEEE mul and add, so
+// the bits equal the scalar loop's; it keeps accumulators in registers across the key loop.
+typedef float F8 __attribute__((vector_size(32)));
+constexpr int kBlock = 64;  // head-dim elements accumulated in registers (8 x F8)
+
 // acct[0, n) = sum over j of w[j] * v_j[0, n), j in increasing order from +0 (mul then add);
-// v_j = base + vis[j] * stride. kN elements stay in registers while the keys stream by.
-template <int kN>
-inline void WeightedSum(const float* w, const float* base, const int* vis, int nvis,
-                        int64_t stride, int n, float* acct) {
-  float a[kN] = {0.0f};
+// v_j = base + vis[j] * stride.
+__attribute__((always_inline)) inline void WeightedSum(const float* w, const float* base,
+                                                       const int* vis, int nvis, int64_t stride,
+                                                       int n, float* acct) {
+  if (n < kBlock) {
+    std::fill(acct, acct + n, 0.0f);
+    for (int j = 0; j < nvis; ++j) {
+      const float* v = base + vis[j] * stride;
+      for (int i = 0; i < n; ++i) acct[i] = acct[i] + w[j] * v[i];
+    }
+    return;
+  }
+  F8 a[kBlock / 8] = {};
   for (int j = 0; j < nvis; ++j) {
     const float* v = base + vis[j] * stride;
-    if (n == kN) {
-      for (int i = 0; i < kN; ++i) a[i] = a[i] + w[j] * v[i];
-    } else {
-      for (int i = 0; i < n; ++i) a[i] = a[i] + w[j] * v[i];
+    for (int i = 0; i < kBlock / 8; ++i) {
+      F8 x;
+      std::memcpy(&x, v + 8 * i, sizeof(x));
+      a[i] = a[i] + w[j] * x;  // the scalar is broadcast
     }
   }
-  std::copy(a, a + n, acct);
+  std::memcpy(acct, a, sizeof(a));
 }
 
 template <typename KV>
@@ -115,7 +130,6 @@ struct RowState {
 __attribute__((target_clones("avx2", "default"))) void TileStep(
     const float* qt, const Tile& tile, const int* vis, int nvis, const Dims& dm, float scale,
     float* e, float* acct, RowState* st) {
-  constexpr int kBlock = 64;  // head-dim elements accumulated in registers
   float mt = 0.0f;
   for (int j = 0; j < nvis; ++j) {
     const float s = LaneMajorDot(qt, tile.k.data() + vis[j] * dm.hp(), dm.hp()) * scale;
@@ -129,7 +143,7 @@ __attribute__((target_clones("avx2", "default"))) void TileStep(
   }
   for (int64_t d0 = 0; d0 < dm.h; d0 += kBlock) {
     const int n = static_cast<int>(std::min<int64_t>(kBlock, dm.h - d0));
-    WeightedSum<kBlock>(e, tile.v.data() + d0, vis, nvis, dm.h, n, acct + d0);
+    WeightedSum(e, tile.v.data() + d0, vis, nvis, dm.h, n, acct + d0);
   }
   if (st->l == 0.0f) {  // first non-empty tile
     st->m = mt, st->l = lt;
