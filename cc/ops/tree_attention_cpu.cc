@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cc/common.h"
+#include "cc/cpu_parallel.h"
 #include "cc/numerics.h"
 #include "cc/ops/tree_attention.h"
 
@@ -199,35 +200,6 @@ void AttendBlock(const Q* q, const KV* k_pool, const KV* v_pool, const Dims& dm,
       for (int64_t d = 0; d < h; ++d) FromF32(Normalised(s.acc[d], s.l), o + d);
     }
   }
-}
-
-// Runs fn(0 .. n-1) on the caller and up to num_threads helpers; returns when all are done.
-// The caller drains items too, so it never waits on a helper that was not scheduled yet.
-void ParallelFor(ffi::ThreadPool& pool, int64_t n, std::function<void(int64_t)> fn) {
-  struct Work {
-    std::function<void(int64_t)> fn;
-    int64_t n;
-    std::atomic<int64_t> next{0}, done{0};
-    std::mutex mu;
-    std::condition_variable cv;
-    void Drain() {
-      for (int64_t i; (i = next.fetch_add(1)) < n;) {
-        fn(i);
-        if (done.fetch_add(1) + 1 == n) {
-          std::lock_guard<std::mutex> lock(mu);
-          cv.notify_all();
-        }
-      }
-    }
-  };
-  auto work = std::make_shared<Work>();
-  work->fn = std::move(fn);
-  work->n = n;
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), n - 1);
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work->Drain(); });
-  work->Drain();
-  std::unique_lock<std::mutex> lock(work->mu);
-  work->cv.wait(lock, [&] { return work->done.load() == n; });
 }
 
 // Blocks of up to kQueryBlock non-padding queries of one chain, in step order.
