@@ -53,7 +53,7 @@ def main() -> None:
     model = model.to(dtype).eval()
     result = {}
     for name, questions in spec["scenarios"].items():
-        for batched in (False, True) if len(questions) > 1 else (False,):
+        for batched in (False, True) if spec.get("batched") and len(questions) > 1 else (False,):
             for _ in range(spec["warmup"]):
                 decide(model, questions, batched)
             times = []
