@@ -5,15 +5,19 @@ V vocab. HF Linear weights are [out, in], as ours; the fusions are
   q [N*H, D], k [K*H, D], v [K*H, D] -> qkv [K, G + 2, H, D]   (per kv head: G queries, k, v)
   gate [F, D], up [F, D]             -> gate_up [2, F, D]
 Gemma's norm weights are stored as gamma (the model applies 1 + gamma), as in HF.
+The int8 model is smoothed first (smoothing.py): the same function with the activation outliers
+moved into the weights.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import ChainMap
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from prism_jax.config import ModelConfig, Precision
+from prism_jax.model import smoothing as smoothing_lib
 from prism_jax.model.layers import check_precision
 from prism_jax.model.transformer import DecoderLayer, Params, abstract_model, to_params
 
@@ -131,7 +135,12 @@ def _load_layer(
 
 
 def params_from_hf(
-    config: ModelConfig, tensors: Mapping[str, np.ndarray], precision: Precision
+    config: ModelConfig,
+    tensors: Mapping[str, np.ndarray],
+    precision: Precision,
+    *,
+    smoothing: float | Mapping[str, float] | None = smoothing_lib.DEFAULT_ALPHA,
+    calibration_tokens: Sequence[Sequence[int]] | None = None,
 ) -> Params:
     """Builds Params from an HF state dict ({name: array}; extra tensors are ignored).
 
@@ -140,6 +149,13 @@ def params_from_hf(
       tensors: HF-named arrays (fp32, bf16 or fp16); a multimodal Gemma 3 checkpoint's text
         tower is found under its language_model prefix.
       precision: "int8" (quantised here, per output channel), "bf16" or "fp32".
+      smoothing: int8 only: SmoothQuant migration strength alpha folded into the weights
+        (smoothing.py), or {projection: alpha} to smooth only some of "qkv", "gate_up",
+        "down", "o"; None quantises the weights as given. Float precisions ignore it.
+      calibration_tokens: token sequences (BOS first) whose fp32 activations set the
+        smoothing; default: the built-in calibration text, tokenized with the tokenizer.json
+        beside the memory-mapped checkpoint (loader.load_checkpoint); tensors built in memory
+        without tokens are not smoothed. Statistics are cached in the user cache.
 
     Returns:
       Params on the default device.
@@ -147,10 +163,14 @@ def params_from_hf(
     check_precision(precision)
     t = _strip_prefix(tensors)
     check_hf_tensors(config, t)
+    fold = None
+    if precision == "int8" and smoothing is not None:
+        fold = smoothing_lib.layer_folding(config, t, smoothing, calibration_tokens)
     model = abstract_model(config, precision)
     model.embed.load(t["model.embed_tokens.weight"], what="model.embed_tokens.weight")
     for i, layer in enumerate(model.layers):
-        _load_layer(config, layer, t, f"model.layers.{i}.")
+        layer_tensors = t if fold is None else ChainMap(fold(i), t)
+        _load_layer(config, layer, layer_tensors, f"model.layers.{i}.")
     model.final_norm.load(t["model.norm.weight"], what="model.norm.weight")
     if model.lm_head is not None:
         model.lm_head.load(t["lm_head.weight"], what="lm_head.weight")

@@ -1,0 +1,400 @@
+"""SmoothQuant-style smoothing folded into HF weights at load, for the INT8 model.
+
+Per-token activation scales lose accuracy when a few input channels of a projection are much
+larger than the rest (the outliers set the scale and the ordinary channels fall into a few
+INT8 codes). For each projection input channel j we pick
+    s_j = max|X_j|^alpha / max|W[:, j]|^(1 - alpha)
+and run the projection on X / s with W * s (columns): exactly the same function in real
+arithmetic, with the activation range moved into the per-output-channel weight scales. The
+division by s is folded into whatever produces X, so the runtime is unchanged:
+  qkv, gate_up  X = rmsnorm(h) * (offset + gamma): gamma' = (offset + gamma) / s - offset
+  down          X = act(gate) * up is linear in up: up_proj rows / s
+  o             X = attention output, linear in v: v_proj rows (and bias) / s, with s shared
+                by the G query heads that read one kv head
+max|X_j| comes from one fp32 pass over calibration_text.py, cached in the user cache.
+
+Shape letters: T tokens, D model dim, F ffw dim, N query heads, K kv heads, G = N / K,
+H head dim.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import ChainMap
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from prism_jax.config import ModelConfig
+from prism_jax.model.calibration_text import PASSAGES, text_digest
+
+PROJECTIONS = ("qkv", "gate_up", "down", "o")
+DEFAULT_ALPHA = 0.65  # chosen by benchmarks/int8_accuracy.py; see docs/INT8_SMOOTHING.md
+# Bump when the statistics or their meaning change, so cached files are not reused.
+STATS_VERSION = 1
+ROW_LEN = 512  # calibration tokens per forward
+
+
+def _norm_before(config: ModelConfig, projection: str) -> str:
+    """HF name of the norm whose output feeds the projection."""
+    if projection == "qkv":
+        return "input_layernorm"
+    return "pre_feedforward_layernorm" if config.sandwich_norms else "post_attention_layernorm"
+
+
+# --- scales -------------------------------------------------------------------------------------
+
+
+def smoothing_scales(x_absmax: np.ndarray, w_absmax: np.ndarray, alpha: float) -> np.ndarray:
+    """s_j = max|X_j|^alpha / max|W_j|^(1 - alpha), float64, geometric mean 1 over the live
+    channels; a channel never seen active (or with zero weights) keeps s = 1."""
+    x, w = np.asarray(x_absmax, np.float64), np.asarray(w_absmax, np.float64)
+    live = (x > 0) & (w > 0)
+    s = np.ones_like(x)
+    if live.any():
+        log_s = alpha * np.log(x[live]) - (1.0 - alpha) * np.log(w[live])
+        s[live] = np.exp(log_s - log_s.mean())  # any common factor is absorbed by the scales
+    return s
+
+
+def _fold_into_norm(gamma: np.ndarray, s: np.ndarray, offset: float):
+    """(gamma', s') with offset + gamma' = (offset + gamma) / s'.
+
+    With Gemma's offset 1, gamma' = w / s - 1 loses the low bits of w / s when it is much
+    smaller than 1; s is shrunk by a common factor (free: the scales absorb it) until every
+    effective weight that is not ~0 is at least 1 in magnitude.
+    """
+    w = offset + np.asarray(gamma, np.float64)
+    if offset:
+        eff = np.abs(w) / s
+        big = np.abs(w) > 1e-3 * np.abs(w).max()
+        if big.any() and eff[big].min() < 1.0:
+            s = s * eff[big].min()
+    return (w / s - offset).astype(np.float32), s
+
+
+# --- folding into HF tensors --------------------------------------------------------------------
+
+
+def _f32(a) -> np.ndarray:
+    return np.asarray(a, np.float32)
+
+
+def _col_absmax(*weights: np.ndarray) -> np.ndarray:
+    """max over every output row of every weight [out, K] -> [K]."""
+    return np.max([np.abs(_f32(w)).max(axis=0) for w in weights], axis=0)
+
+
+def _smooth_norm_input(config, t: dict, p: str, projection: str, x_absmax, alpha) -> None:
+    names = ("q_proj", "k_proj", "v_proj") if projection == "qkv" else ("gate_proj", "up_proj")
+    block = "self_attn." if projection == "qkv" else "mlp."
+    keys = [f"{p}{block}{n}.weight" for n in names]
+    norm = f"{p}{_norm_before(config, projection)}.weight"
+    s = smoothing_scales(x_absmax, _col_absmax(*(t[k] for k in keys)), alpha)
+    t[norm], s = _fold_into_norm(t[norm], s, config.norm_weight_offset)
+    for k in keys:
+        t[k] = (_f32(t[k]) * s[None, :]).astype(np.float32)  # (out, D)
+
+
+def _smooth_down(t: dict, p: str, x_absmax, alpha) -> None:
+    up, down = f"{p}mlp.up_proj.weight", f"{p}mlp.down_proj.weight"
+    s = smoothing_scales(x_absmax, _col_absmax(t[down]), alpha)  # (F,)
+    t[up] = (_f32(t[up]) / s[:, None]).astype(np.float32)  # (F, D): rows of up
+    t[down] = (_f32(t[down]) * s[None, :]).astype(np.float32)  # (D, F)
+
+
+def _smooth_o(config: ModelConfig, t: dict, p: str, x_absmax, alpha) -> None:
+    c = config
+    kgh = (c.num_kv_heads, c.num_groups, c.head_dim)
+    a = p + "self_attn."
+    w_o = _f32(t[a + "o_proj.weight"])  # (D, N*H), column n*H + h with n = k*G + g
+    # One v row feeds G query heads, so its s is the group's: max over g of both statistics.
+    x = np.asarray(x_absmax).reshape(kgh).max(axis=1)  # (K, H)
+    w = np.abs(w_o).max(axis=0).reshape(kgh).max(axis=1)  # (K, H)
+    s = smoothing_scales(x.reshape(-1), w.reshape(-1), alpha).reshape(c.num_kv_heads, c.head_dim)
+    v = _f32(t[a + "v_proj.weight"]).reshape(c.num_kv_heads, c.head_dim, -1)  # (K, H, D)
+    t[a + "v_proj.weight"] = (v / s[:, :, None]).reshape(-1, v.shape[-1]).astype(np.float32)
+    if c.qkv_bias:
+        t[a + "v_proj.bias"] = (_f32(t[a + "v_proj.bias"]) / s.reshape(-1)).astype(np.float32)
+    cols = w_o.reshape(w_o.shape[0], *kgh) * s[None, :, None, :]  # (D, K, G, H)
+    t[a + "o_proj.weight"] = cols.reshape(w_o.shape).astype(np.float32)
+
+
+def _alphas(alpha: float | Mapping[str, float]) -> dict[str, float]:
+    alphas = dict.fromkeys(PROJECTIONS, alpha) if np.isscalar(alpha) else dict(alpha)
+    unknown = set(alphas) - set(PROJECTIONS)
+    if unknown:
+        raise ValueError(f"unknown projections {sorted(unknown)}; expected {PROJECTIONS}")
+    return alphas
+
+
+def smooth_layer(
+    config: ModelConfig,
+    tensors: Mapping[str, np.ndarray],
+    layer: int,
+    x_absmax: Mapping[str, np.ndarray],
+    alpha: float | Mapping[str, float],
+) -> dict[str, np.ndarray]:
+    """The tensors of one decoder layer that smoothing changes, with it folded in (one layer
+    at a time keeps the extra memory of a load to one layer's float32 copies)."""
+    alphas = _alphas(alpha)
+    t = ChainMap({}, tensors)  # writes land in the first map
+    i, p = layer, f"model.layers.{layer}."
+    # Row folds (o into v, down into up) first: the column folds then see their results.
+    if "o" in alphas:
+        _smooth_o(config, t, p, x_absmax[f"{i}.o"], alphas["o"])
+    if "down" in alphas:
+        _smooth_down(t, p, x_absmax[f"{i}.down"], alphas["down"])
+    for proj in ("qkv", "gate_up"):
+        if proj in alphas:
+            _smooth_norm_input(config, t, p, proj, x_absmax[f"{i}.{proj}"], alphas[proj])
+    return t.maps[0]
+
+
+def smooth_hf_tensors(
+    config: ModelConfig,
+    tensors: Mapping[str, np.ndarray],
+    x_absmax: Mapping[str, np.ndarray],
+    alpha: float | Mapping[str, float],
+) -> dict[str, np.ndarray]:
+    """HF tensors with smoothing folded in (a new dict; unchanged tensors are shared).
+
+    Args:
+      config: the model's config.
+      tensors: HF-named tensors (plain causal-LM names).
+      x_absmax: {"<layer>.<projection>": max|X| per input channel}, from activation_absmax.
+      alpha: one migration strength for every projection, or {projection: alpha} to smooth
+        only the projections named.
+
+    Returns:
+      tensors whose fp32 function is the original's, up to rounding.
+    """
+    t = dict(tensors)
+    for i in range(config.num_layers):
+        t.update(smooth_layer(config, t, i, x_absmax, alpha))
+    return t
+
+
+# --- calibration ---------------------------------------------------------------------------------
+
+
+class _Recorder:
+    """Stands in for a Linear while tracing the calibration pass: records max|x| per input
+    channel over the valid rows, then runs the Linear."""
+
+    def __init__(self, linear, key: str, sink: dict, valid: jax.Array) -> None:
+        self.linear, self.key, self.sink, self.valid = linear, key, sink, valid
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        ax = jnp.where(self.valid[:, None], jnp.abs(x.astype(jnp.float32)), 0.0)  # (T, K)
+        self.sink[self.key] = jnp.max(ax, axis=0)
+        return self.linear(x)
+
+
+def _absmax_pass(params, config: ModelConfig, tokens, positions, mask, valid) -> dict:
+    from prism_jax.model.transformer import bind  # noqa: PLC0415 (transformer imports are heavy)
+
+    model = bind(params, config)
+    sink: dict[str, jax.Array] = {}
+    for i, layer in enumerate(model.layers):
+        for owner, attr, proj in (
+            (layer.attn, "qkv", "qkv"),
+            (layer.attn, "o", "o"),
+            (layer.mlp, "gate_up", "gate_up"),
+            (layer.mlp, "down", "down"),
+        ):
+            setattr(owner, attr, _Recorder(getattr(owner, attr), f"{i}.{proj}", sink, valid))
+    model(tokens, positions, mask)
+    return sink
+
+
+_absmax_jit = jax.jit(_absmax_pass, static_argnames="config")
+
+
+class Packed(NamedTuple):
+    """One row of several sequences: each sees only itself (block-diagonal causal mask) and
+    its positions restart at 0; padding (segment -1) is invalid and attends only itself."""
+
+    tokens: np.ndarray  # int32 [T]
+    positions: np.ndarray  # int32 [T]
+    mask: np.ndarray  # bool [T, T]
+    valid: np.ndarray  # bool [T]
+    segment: np.ndarray  # int [T]: which sequence, -1 for padding
+
+
+def _pack_row(sequences: list[list[int]], row_len: int) -> Packed:
+    n = sum(map(len, sequences))
+    tokens, positions = np.zeros(row_len, np.int32), np.zeros(row_len, np.int32)
+    segment = np.full(row_len, -1)
+    tokens[:n] = np.concatenate(sequences)
+    positions[:n] = np.concatenate([np.arange(len(s)) for s in sequences])
+    segment[:n] = np.concatenate([np.full(len(s), i) for i, s in enumerate(sequences)])
+    idx = np.arange(row_len)
+    mask = (segment[:, None] == segment[None, :]) & (idx[None, :] <= idx[:, None])
+    return Packed(tokens, positions, mask, segment >= 0, segment)
+
+
+def pack_sequences(sequences: Sequence[Sequence[int]], row_len: int = ROW_LEN) -> list[Packed]:
+    """Packs sequences (each cut to row_len) into rows of row_len tokens, first fit by
+    decreasing length: one shape compiles once, attention costs row_len^2 rather than
+    total^2, and little of each row is padding."""
+    seqs = sorted(([int(x) for x in s][:row_len] for s in sequences), key=len, reverse=True)
+    rows: list[list[list[int]]] = []
+    for seq in filter(None, seqs):
+        row = next((r for r in rows if sum(map(len, r)) + len(seq) <= row_len), None)
+        if row is None:
+            rows.append(row := [])
+        row.append(seq)
+    return [_pack_row(r, row_len) for r in rows]
+
+
+def activation_absmax(
+    config: ModelConfig, tensors: Mapping[str, np.ndarray], sequences: Sequence[Sequence[int]]
+) -> dict[str, np.ndarray]:
+    """max|X| per input channel of every projection, {"<layer>.<projection>": float32 [K]},
+    from one fp32 forward over the token sequences (each should start with BOS)."""
+    from prism_jax.model.hf_weights import params_from_hf  # noqa: PLC0415 (circular)
+
+    if not sequences or not any(len(s) for s in sequences):
+        raise ValueError("calibration needs at least one non-empty token sequence")
+    params = params_from_hf(config, tensors, "fp32", smoothing=None)
+    stats: dict[str, np.ndarray] = {}
+    for row in pack_sequences(sequences):
+        out = _absmax_jit(params, config, row.tokens, row.positions, row.mask, row.valid)
+        for k, v in out.items():
+            stats[k] = np.maximum(stats[k], v) if k in stats else np.asarray(v, np.float32)
+    return stats
+
+
+def calibration_sequences(encode, bos_id: int | None) -> list[list[int]]:
+    """The built-in passages as token sequences, BOS first: encode(str) -> list[int]."""
+    head = [] if bos_id is None else [bos_id]
+    return [head + list(encode(p)) for p in PASSAGES]
+
+
+# --- cache ---------------------------------------------------------------------------------------
+
+
+def weights_fingerprint(config: ModelConfig, tensors: Mapping[str, np.ndarray]) -> str:
+    """A cheap identity of a checkpoint: config, names, shapes, dtypes and 256 evenly spaced
+    values of every tensor. A collision only costs accuracy, never correctness: any s keeps
+    the function, the statistics only choose it."""
+    h = hashlib.sha256(repr(config).encode())
+    for name in sorted(tensors):
+        a = tensors[name]
+        flat = np.asarray(a).reshape(-1)
+        step = max(1, flat.size // 256)
+        h.update(f"{name}:{a.shape}:{a.dtype}".encode())
+        h.update(np.ascontiguousarray(flat[::step][:256]).tobytes())
+    return h.hexdigest()[:24]
+
+
+def _cache_path(key: str):
+    from prism_jax.model.registry import cache_root  # noqa: PLC0415
+
+    return cache_root() / "smoothing" / f"absmax-v{STATS_VERSION}-{key}.npz"
+
+
+def tokens_key(sequences: Sequence[Sequence[int]]) -> str:
+    """Identifies calibration given as token ids."""
+    h = hashlib.sha256(b"tokens")
+    for seq in sequences:
+        h.update(np.asarray(seq, np.int64).tobytes() + b"|")
+    return h.hexdigest()[:24]
+
+
+def cached_activation_absmax(
+    config: ModelConfig,
+    tensors: Mapping[str, np.ndarray],
+    calibration_key: str,
+    make_sequences: Callable[[], Sequence[Sequence[int]]],
+) -> dict[str, np.ndarray]:
+    """activation_absmax, read from the user cache (a few KB per model) when this checkpoint
+    was calibrated on this calibration_key before; else computed on make_sequences() (only
+    then: loading a tokenizer and encoding costs seconds) and stored."""
+    h = hashlib.sha256(weights_fingerprint(config, tensors).encode() + calibration_key.encode())
+    path = _cache_path(h.hexdigest()[:24])
+    if path.is_file():
+        try:
+            with np.load(path) as z:
+                return {k: z[k] for k in z.files}
+        except (OSError, ValueError):
+            pass  # unreadable (e.g. truncated): recompute and overwrite
+    stats = activation_absmax(config, tensors, make_sequences())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **stats)
+    os.replace(tmp, path)  # atomic: readers see a whole file or none
+    return stats
+
+
+# --- the load-time entry point -------------------------------------------------------------------
+
+
+def _source_directory(tensors: Mapping[str, np.ndarray]):
+    """The directory the tensors were memory-mapped from (loader.read_safetensors), if any."""
+    from pathlib import Path  # noqa: PLC0415
+
+    for a in tensors.values():
+        while a is not None and not isinstance(a, np.memmap):
+            a = getattr(a, "base", None)
+        if a is not None and getattr(a, "filename", None):
+            return Path(a.filename).parent
+    return None
+
+
+def text_calibration(tensors: Mapping[str, np.ndarray]):
+    """(key, make_sequences) for the built-in text, tokenized with the tokenizer.json beside
+    the checkpoint the tensors were memory-mapped from; None when there is none (tensors
+    built in memory). The key hashes the text and tokenizer.json, not the tokens, so a cached
+    load never builds the tokenizer."""
+    directory = _source_directory(tensors)
+    path = None if directory is None else directory / "tokenizer.json"
+    if path is None or not path.is_file():
+        return None
+    key = f"text:{text_digest()}:{hashlib.sha256(path.read_bytes()).hexdigest()[:24]}"
+
+    def make_sequences() -> list[list[int]]:
+        from prism_jax.tokenizer import Tokenizer  # noqa: PLC0415
+
+        tok = Tokenizer.from_dir(directory)
+        return calibration_sequences(lambda text: tok.encode(text, add_bos=False), tok.bos_id)
+
+    return key, make_sequences
+
+
+def layer_folding(
+    config: ModelConfig,
+    tensors: Mapping[str, np.ndarray],
+    alpha: float | Mapping[str, float],
+    calibration_tokens: Sequence[Sequence[int]] | None = None,
+) -> Callable[[int], dict[str, np.ndarray]] | None:
+    """params_from_hf's hook: calibrates (or reads the cached statistics) and returns
+    layer -> that layer's smoothed tensors (smooth_layer).
+
+    None without calibration_tokens and without a tokenizer.json beside the checkpoint
+    (tensors built in memory): smoothing needs real text, and random tokens calibrate
+    visibly worse (docs/INT8_SMOOTHING.md); calibration_tokens=random_sequences(config)
+    accepts that.
+    """
+    alphas = _alphas(alpha)  # fail on a bad alpha before calibrating
+    if calibration_tokens:
+        source = tokens_key(calibration_tokens), lambda: calibration_tokens
+    else:
+        source = text_calibration(tensors)
+    if source is None:
+        return None
+    stats = cached_activation_absmax(config, tensors, *source)
+    return lambda layer: smooth_layer(config, tensors, layer, stats, alphas)
+
+
+def random_sequences(config: ModelConfig, n: int = 8, length: int = 192, seed: int = 0):
+    """Token-free calibration: uniform random ids after BOS (worse than text; see the doc)."""
+    rng = np.random.default_rng(seed)
+    head = [] if config.bos_token_id is None else [config.bos_token_id]
+    return [head + rng.integers(0, config.vocab_size, length).tolist() for _ in range(n)]
