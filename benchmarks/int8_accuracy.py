@@ -14,7 +14,9 @@ For each model prints JSON lines:
 Variants: bf16, int8 without smoothing ("none"), int8 with every projection smoothed at each
 --alphas value ("a=0.5"), and with --ablation one projection dropped or kept at --ablation-alpha
 ("a=0.65 -o", "a=0.65 only down", ...) and calibration on random tokens. The held-out text is
-not the calibration text. Decisions are measured for bf16, none and the --alphas variants.
+not the calibration text. --resample N adds the default alpha calibrated without passage k
+of the calibration text (k < N): the spread shows how much a result hangs on the calibration.
+Decisions are measured for every variant but the ablations.
 
     .venv/bin/python benchmarks/int8_accuracy.py --ablation --load-times 3
 """
@@ -128,9 +130,9 @@ def compare(ref: np.ndarray, lp: np.ndarray) -> tuple[float, float]:
     return kl, float((ref.argmax(-1) == lp.argmax(-1)).mean())
 
 
-def variants(args, config: ModelConfig) -> dict[str, dict]:
+def variants(args, config: ModelConfig, tok: Tokenizer) -> dict[str, dict]:
     """name -> params_from_hf keywords of the int8 variants."""
-    out: dict[str, dict] = {"none": dict(smoothing=None)}
+    out: dict[str, dict] = {} if args.no_baseline else {"none": dict(smoothing=None)}
     out.update({f"a={a:g}": dict(smoothing=a) for a in args.alphas})
     if args.ablation:
         a = args.ablation_alpha
@@ -139,6 +141,12 @@ def variants(args, config: ModelConfig) -> dict[str, dict]:
             out[f"a={a:g} only {p}"] = dict(smoothing={p: a})
         random = sm.random_sequences(config)
         out[f"a={a:g} random tokens"] = dict(smoothing=a, calibration_tokens=random)
+    text = sm.calibration_sequences(lambda t: tok.encode(t, add_bos=False), tok.bos_id)
+    for k in range(args.resample):  # how much the result hangs on the calibration text
+        subset = text[:k] + text[k + 1 :]
+        out[f"a={sm.DEFAULT_ALPHA:g} w/o passage {k}"] = dict(
+            smoothing=sm.DEFAULT_ALPHA, calibration_tokens=subset
+        )
     return out
 
 
@@ -185,10 +193,6 @@ def agreement(probs, reference, items) -> dict:
     return dict(flips=flips, max_dp=max(dp), mean_dp=float(np.mean(dp)), n=len(dp), accuracy=acc)
 
 
-def _alpha_names(args) -> set[str]:
-    return {f"a={a:g}" for a in args.alphas}
-
-
 def emit(**row) -> None:
     print(json.dumps(row), flush=True)
 
@@ -207,12 +211,12 @@ def run_model(name: str, args) -> None:
     sets = decision_sets(args.decision_files) if args.decisions else {}
     engine = Engine(config, bf16, tok, template, name)
     ref_dec = {k: option_probs(engine, items) for k, items in sets.items()}
-    todo = {"bf16": None} | variants(args, config)
+    todo = {"bf16": None} | variants(args, config, tok)
     for variant, kw in todo.items():
         params = bf16 if kw is None else params_from_hf(config, ck.tensors, "int8", **kw)
         kl, top1 = compare(ref, logprobs(params, config, rows))
         emit(kind="next_token", model=name, variant=variant, kl=kl, top1=top1, tokens=len(ref))
-        if args.decisions and (variant in ("none", "bf16") or variant in _alpha_names(args)):
+        if args.decisions and not any(w in variant for w in (" -", "only", "random")):
             engine = Engine(config, params, tok, template, name)
             for set_name, items in sets.items():
                 dec = agreement(option_probs(engine, items), ref_dec[set_name], items)
@@ -263,6 +267,14 @@ def main() -> None:
     ap.add_argument("--ablation", action="store_true", help="drop / keep one projection")
     ap.add_argument("--ablation-alpha", type=float, default=0.65)
     ap.add_argument("--no-decisions", dest="decisions", action="store_false")
+    ap.add_argument("--no-baseline", action="store_true", help="skip int8 without smoothing")
+    ap.add_argument(
+        "--resample",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also the default alpha calibrated without passage k, for k < N",
+    )
     ap.add_argument(
         "--decision-files",
         nargs="*",
