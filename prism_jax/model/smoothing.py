@@ -81,12 +81,12 @@ def _fold_into_norm(gamma: np.ndarray, s: np.ndarray, offset: float):
 
 
 def _f32(a) -> np.ndarray:
-    return np.asarray(a, np.float32)
+    return np.asarray(a, np.float32)  # no copy for float32 (memory-mapped) checkpoints
 
 
 def _col_absmax(*weights: np.ndarray) -> np.ndarray:
-    """max over every output row of every weight [out, K] -> [K]."""
-    return np.max([np.abs(_f32(w)).max(axis=0) for w in weights], axis=0)
+    """max over every output row of every weight [out, K] -> [K] (max and -min: no |w| copy)."""
+    return np.max([np.maximum(_f32(w).max(axis=0), -_f32(w).min(axis=0)) for w in weights], 0)
 
 
 def _smooth_norm_input(config, t: dict, p: str, projection: str, x_absmax, alpha) -> None:
@@ -96,15 +96,16 @@ def _smooth_norm_input(config, t: dict, p: str, projection: str, x_absmax, alpha
     norm = f"{p}{_norm_before(config, projection)}.weight"
     s = smoothing_scales(x_absmax, _col_absmax(*(t[k] for k in keys)), alpha)
     t[norm], s = _fold_into_norm(t[norm], s, config.norm_weight_offset)
+    s32 = s.astype(np.float32)  # float32 products: no float64 copies of the weights
     for k in keys:
-        t[k] = (_f32(t[k]) * s[None, :]).astype(np.float32)  # (out, D)
+        t[k] = _f32(t[k]) * s32[None, :]  # (out, D)
 
 
 def _smooth_down(t: dict, p: str, x_absmax, alpha) -> None:
     up, down = f"{p}mlp.up_proj.weight", f"{p}mlp.down_proj.weight"
-    s = smoothing_scales(x_absmax, _col_absmax(t[down]), alpha)  # (F,)
-    t[up] = (_f32(t[up]) / s[:, None]).astype(np.float32)  # (F, D): rows of up
-    t[down] = (_f32(t[down]) * s[None, :]).astype(np.float32)  # (D, F)
+    s = smoothing_scales(x_absmax, _col_absmax(t[down]), alpha).astype(np.float32)  # (F,)
+    t[up] = _f32(t[up]) / s[:, None]  # (F, D): rows of up
+    t[down] = _f32(t[down]) * s[None, :]  # (D, F)
 
 
 def _smooth_o(config: ModelConfig, t: dict, p: str, x_absmax, alpha) -> None:
@@ -114,14 +115,15 @@ def _smooth_o(config: ModelConfig, t: dict, p: str, x_absmax, alpha) -> None:
     w_o = _f32(t[a + "o_proj.weight"])  # (D, N*H), column n*H + h with n = k*G + g
     # One v row feeds G query heads, so its s is the group's: max over g of both statistics.
     x = np.asarray(x_absmax).reshape(kgh).max(axis=1)  # (K, H)
-    w = np.abs(w_o).max(axis=0).reshape(kgh).max(axis=1)  # (K, H)
-    s = smoothing_scales(x.reshape(-1), w.reshape(-1), alpha).reshape(c.num_kv_heads, c.head_dim)
+    w = _col_absmax(w_o).reshape(kgh).max(axis=1)  # (K, H)
+    s = smoothing_scales(x.reshape(-1), w.reshape(-1), alpha).astype(np.float32)
+    s = s.reshape(c.num_kv_heads, c.head_dim)  # (K, H)
     v = _f32(t[a + "v_proj.weight"]).reshape(c.num_kv_heads, c.head_dim, -1)  # (K, H, D)
-    t[a + "v_proj.weight"] = (v / s[:, :, None]).reshape(-1, v.shape[-1]).astype(np.float32)
+    t[a + "v_proj.weight"] = (v / s[:, :, None]).reshape(-1, v.shape[-1])  # (K*H, D)
     if c.qkv_bias:
-        t[a + "v_proj.bias"] = (_f32(t[a + "v_proj.bias"]) / s.reshape(-1)).astype(np.float32)
+        t[a + "v_proj.bias"] = _f32(t[a + "v_proj.bias"]) / s.reshape(-1)
     cols = w_o.reshape(w_o.shape[0], *kgh) * s[None, :, None, :]  # (D, K, G, H)
-    t[a + "o_proj.weight"] = cols.reshape(w_o.shape).astype(np.float32)
+    t[a + "o_proj.weight"] = cols.reshape(w_o.shape)
 
 
 def _alphas(alpha: float | Mapping[str, float]) -> dict[str, float]:
