@@ -112,6 +112,43 @@ class Engine:
             "usage": {"input_tokens": result.computed_tokens, "output_tokens": 0},
         }
 
+    def decide_many(self, requests: list[tuple[Any, Mapping[str, Any]]]) -> list[Any]:
+        """Several System One requests in one forest step (the server's batching entry).
+
+        Returns, per request, its response dict or the DecisionRequestError that refuses it
+        (one bad request never fails the others)."""
+        parsed: list[Any] = []
+        rendered: list[RenderedQuestion] = []
+        for state, questions in requests:
+            try:
+                qs = parse_questions(questions)
+                mine = [self.renderer.render(state, q) for q in qs.values()]
+            except DecisionRequestError as err:
+                parsed.append(err)
+                continue
+            parsed.append((qs, len(rendered), len(mine)))
+            rendered.extend(mine)
+        result = self.run(rendered) if rendered else None
+        out: list[Any] = []
+        for item in parsed:
+            if isinstance(item, DecisionRequestError):
+                out.append(item)
+                continue
+            qs, first, count = item
+            probs = result.probabilities[first : first + count]
+            answers = {qid: answer(q, np.asarray(p)) for (qid, q), p in zip(qs.items(), probs)}
+            tokens = sum(len(r.prefix) + len(r.branch) for r in rendered[first : first + count])
+            out.append({"model": self.name, "answers": answers,
+                        "usage": {"input_tokens": tokens, "output_tokens": 0},
+                        "x_cached_tokens": 0})
+        return out
+
+    def stats(self) -> dict[str, float]:
+        """Counters for /metrics (KV pool and prefix cache)."""
+        return {"kv_pages_total": 0, "kv_pages_used": 0, "kv_cache_usage_perc": 0.0,
+                "prefix_cache_hits": 0, "prefix_cache_queries": 0,
+                "shared_prefix_tokens_total": 0}
+
     def score(self, prompt: str, options: list[str]) -> dict[str, float]:
         """Raw candidate scoring: P(option | prompt) renormalised over `options` (each option
         is scored exactly over all its tokens; include a leading space where the text needs
