@@ -11,7 +11,8 @@ import jax.numpy as jnp
 
 import prism_jax
 from prism_jax.engine import Engine
-from prism_jax.forest import build_forest, pad
+from prism_jax.forest import build_forest
+from prism_jax.scheduler import pad
 from prism_jax.questions import parse_questions
 
 engine = Engine.from_pretrained("default", precision="int8")  # Gemma 3 270M from PyPI

@@ -195,17 +195,42 @@ PRESETS: dict[str, ModelConfig] = {
 # fmt: on
 
 
+def _increasing(values: tuple[int, ...], what: str) -> None:
+    assert values and all(v > 0 for v in values), f"{what} must be positive, got {values}"
+    assert list(values) == sorted(set(values)), f"{what} must be increasing, got {values}"
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-    precision: Precision = "int8"
-    page_size: int = 16
-    max_seq_len: int = 4096
+    """How the engine lays out work: KV pages, prefix cache, and the static step shapes.
+
+    Every step is padded to one of the buckets and every bucket is compiled at start-up, so
+    fewer buckets start faster and more buckets waste less padding."""
+
+    page_size: int = 16  # tokens per KV page
+    kv_pages: int = 1024  # pool size in pages, page 0 (the dummy page) included
+    prefix_cache_pages: int | None = None  # cap on cached pages; None = the whole pool
+    token_buckets: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048)  # tokens per step
+    row_buckets: tuple[int, ...] = (1, 4, 16, 64, 256, 1024)  # readout rows per step
+    candidate_buckets: tuple[int, ...] = (2, 4, 8, 16, 64, 256)  # candidates per row
+    chain_depth: int = 4  # segments per chain (root, trunk, branch, leaf)
 
     def __post_init__(self) -> None:
-        assert self.precision in ("int8", "bf16", "fp32"), (
-            f"precision must be int8, bf16 or fp32, got {self.precision!r}"
+        assert self.page_size > 0, f"page_size must be > 0, got {self.page_size}"
+        assert self.kv_pages >= 2, f"kv_pages must be >= 2 (page 0 is the dummy), got {self.kv_pages}"
+        cap = self.prefix_cache_pages
+        assert cap is None or 0 <= cap < self.kv_pages, (
+            f"prefix_cache_pages must be in [0, kv_pages = {self.kv_pages}), got {cap}"
         )
-        assert self.page_size > 0 and self.max_seq_len > 0, "page_size and max_seq_len > 0"
+        _increasing(self.token_buckets, "token_buckets")
+        _increasing(self.row_buckets, "row_buckets")
+        _increasing(self.candidate_buckets, "candidate_buckets")
+        assert self.candidate_buckets[-1] >= 256, "candidate_buckets must reach 256 (255 options)"
+        assert self.chain_depth >= 4, f"chain_depth must be >= 4, got {self.chain_depth}"
+
+    @property
+    def max_step_tokens(self) -> int:
+        return self.token_buckets[-1]
 
 
 # --- HF config.json -> ModelConfig ------------------------------------------------------------

@@ -1,7 +1,7 @@
 """System One semantics: the pure decide function, option probabilities, and answers.
 
 `make_decide_fn(config)` returns `decide(params, batch) -> probabilities [Q, O]` over a padded
-forest batch (forest.pad): a pure function that notebooks jit, vmap and shard themselves.
+forest batch (scheduler.pad): a pure function that notebooks jit, vmap and shard themselves.
 Letters: T tokens, R readout rows, C candidates per row, Q questions, O options, L terms.
 """
 
@@ -17,6 +17,7 @@ import numpy as np
 
 from prism_jax import model
 from prism_jax.config import ModelConfig
+from prism_jax.kv_pages import init_kv_pool
 from prism_jax.questions import Question
 
 
@@ -45,39 +46,58 @@ def option_probabilities(table: jax.Array, terms: jax.Array) -> jax.Array:
     return weights / _sequential_sum(weights)[..., None]
 
 
-def make_table_fn(config: ModelConfig, full_vocab: bool = True):
+def readout(params: model.Params, config: ModelConfig, hidden: jax.Array, rows: jax.Array,
+            cand_ids: jax.Array, cand_counts: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(logits, log-probabilities renormalised over the candidates), f32 [R, C], at `rows`."""
+    return model.candidate_readout(params, config, hidden[rows], cand_ids, cand_counts)
+
+
+def readout_lse(params: model.Params, config: ModelConfig, hidden: jax.Array,
+                rows: jax.Array) -> jax.Array:
+    """Full-vocabulary log-sum-exp f32 [R] at `rows` (streamed: no [R, V] logits)."""
+    return model.vocab_logsumexp(params, config, hidden[rows])
+
+
+def paged_tables(batch: Mapping[str, jax.Array]) -> model.PagedTables:
+    return model.PagedTables(batch["slot"], batch["positions"], batch["chain_of"],
+                             batch["chain_segments"], batch["pages_flat"])
+
+
+def make_table_fn(config: ModelConfig, full_vocab: bool = True, page_size: int = 16):
     """A pure `table(params, batch) -> log-probabilities f32 [R, C]` for one model config.
 
-    Rows with batch["use_lse"] read full-vocabulary log-probabilities (logit - vocab
-    log-sum-exp, for multi-token options); the others read log-probabilities renormalised over
-    their candidates. full_vocab=False skips the vocabulary pass (valid when no row uses it).
-    Every entry comes out of the custom calls, so it is bitwise independent of the batch.
+    `batch` is scheduler.pad's single-step layout on a fresh pool (pages 1..n; the pool is
+    made inside). Rows with batch["use_lse"] read full-vocabulary log-probabilities (logit -
+    vocab log-sum-exp, for multi-token options); the others read log-probabilities
+    renormalised over their candidates. full_vocab=False skips the vocabulary pass (valid when
+    no row uses it). Every entry comes out of the custom calls, so it is bitwise independent
+    of the batch and equal to what the engine computes for the same question.
     """
 
     def table(params: model.Params, batch: Mapping[str, jax.Array]) -> jax.Array:
-        hidden = model.forward(params, config, batch["tokens"], batch["positions"], batch["mask"])
-        rows = hidden[batch["rows"]]  # (R, D)
-        logits, logprobs = model.candidate_readout(
-            params, config, rows, batch["cand_ids"], batch["cand_counts"]
-        )
+        pool = init_kv_pool(config, batch["pages_flat"].shape[0] + 1, page_size, params.precision)
+        hidden, _ = model.forward_paged(params, config, pool, batch["tokens"], paged_tables(batch))
+        logits, logprobs = readout(params, config, hidden, batch["rows"], batch["cand_ids"],
+                                   batch["cand_counts"])
         if not full_vocab:
             return logprobs
-        lse = model.vocab_logsumexp(params, config, rows)  # (R,)
+        lse = readout_lse(params, config, hidden, batch["rows"])  # (R,)
         return jnp.where(batch["use_lse"][:, None], logits - lse[:, None], logprobs)
 
     return table
 
 
 def make_decide_fn(
-    config: ModelConfig,
+    config: ModelConfig, page_size: int = 16
 ) -> Callable[[model.Params, Mapping[str, jax.Array]], jax.Array]:
     """A pure `decide(params, batch) -> probabilities f32 [Q, O]` for one model config.
 
-    `batch` holds forest.pad's arrays (tokens, positions, mask, rows, cand_ids, cand_counts,
-    use_lse, terms). Jit, vmap or shard it as you like. The engine reports the same numbers
-    computed on the host in float64 from make_table_fn's table (see option_probabilities_host).
+    `batch` holds scheduler.pad's arrays (tokens, positions, slot, chain_of, chain_segments,
+    pages_flat, rows, cand_ids, cand_counts, use_lse, terms). Jit, vmap or shard it as you
+    like. The engine reports the same numbers computed on the host in float64 from the same
+    table (see option_probabilities_host).
     """
-    table_fn = make_table_fn(config)
+    table_fn = make_table_fn(config, page_size=page_size)
 
     def decide(params: model.Params, batch: Mapping[str, jax.Array]) -> jax.Array:
         return option_probabilities(table_fn(params, batch), batch["terms"])

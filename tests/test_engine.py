@@ -147,7 +147,8 @@ def test_int8_decides_like_bf16(int8_engine, bf16_engine):
 
 def test_make_decide_fn_jits_and_matches_engine(int8_engine):
     from prism_jax import make_decide_fn
-    from prism_jax.forest import build_forest, pad
+    from prism_jax.forest import build_forest
+    from prism_jax.scheduler import pad
     from prism_jax.questions import parse_questions
 
     parsed = parse_questions(QUESTIONS)

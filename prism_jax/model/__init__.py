@@ -1,6 +1,7 @@
 """prism_jax.model: the decoder (Gemma 3, Llama, Qwen2, Qwen3) as Flax nnx modules driven by
 pure functions; see transformer.py for the API and layers.py for the three precisions."""
 
+from prism_jax.model.attention_backends import PagedTables
 from prism_jax.model.hf_weights import check_hf_tensors, hf_tensor_shapes, params_from_hf
 from prism_jax.model.layers import PRECISIONS
 from prism_jax.model.transformer import (
@@ -10,6 +11,7 @@ from prism_jax.model.transformer import (
     bind,
     candidate_readout,
     forward,
+    forward_paged,
     full_logits,
     init_random,
     vocab_logsumexp,
@@ -17,6 +19,7 @@ from prism_jax.model.transformer import (
 
 __all__ = [
     "PRECISIONS",
+    "PagedTables",
     "Params",
     "Transformer",
     "abstract_model",
@@ -24,6 +27,7 @@ __all__ = [
     "candidate_readout",
     "check_hf_tensors",
     "forward",
+    "forward_paged",
     "full_logits",
     "hf_tensor_shapes",
     "init_random",

@@ -32,12 +32,16 @@ from prism_jax.model.layers import (
     Quantized,
     RMSNorm,
     apply_rope,
-    attend,
     check_precision,
     dot_precision,
     glu,
     rope_inv_freq,
-    sliding_window_mask,
+)
+from prism_jax.model.attention_backends import (
+    AttentionBackend,
+    MaskedAttention,
+    PagedAttention,
+    PagedTables,
 )
 
 
@@ -59,7 +63,7 @@ class Attention(nnx.Module):
         self.q_norm = RMSNorm(c.head_dim, c, precision, "head_dim") if c.qk_norm else None
         self.k_norm = RMSNorm(c.head_dim, c, precision, "head_dim") if c.qk_norm else None
 
-    def __call__(self, x: Quantized | jax.Array, positions: jax.Array, mask: jax.Array):
+    def __call__(self, x: Quantized | jax.Array, positions: jax.Array, attention: AttentionBackend):
         c = self.config
         qkv = self.qkv(x)  # (T, K, G+2, H)
         t, g = qkv.shape[0], c.num_groups
@@ -69,9 +73,7 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         inv_freq = rope_inv_freq(c, self.layer)
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
-        if c.layer_types[self.layer] == "sliding":
-            mask = sliding_window_mask(mask, positions, c.sliding_window)
-        a = attend(q, k, v, mask, c.attention_scale)  # (T, N*H)
+        a = attention(self.layer, q, k, v)  # (T, N*H)
         if self.precision == "int8":
             a = Quantized(*ops.quantize_rows(a))
         return self.o(a)  # (T, D)
@@ -109,11 +111,11 @@ class DecoderLayer(nnx.Module):
         self.mlp = MLP(c, precision)
         self.post_mlp_norm = RMSNorm(d, c, precision, "embed") if c.sandwich_norms else None
 
-    def __call__(self, h, delta, positions, mask):
+    def __call__(self, h, delta, positions, attention):
         """(h, delta) -> (h + delta + attention, mlp output): the residual add of the MLP
         output is left to the next layer's (or the final) norm."""
         x, h = self.input_norm.project_input(h, delta)
-        o = self.attn(x, positions, mask)  # (T, D)
+        o = self.attn(x, positions, attention)  # (T, D)
         if self.sandwich:
             o = self.post_attn_norm(o)
         x, h = self.pre_mlp_norm.project_input(h, o)
@@ -137,11 +139,13 @@ class Transformer(nnx.Module):
             None if c.tie_word_embeddings else Embedding(c.vocab_size, c.hidden_size, precision)
         )
 
-    def __call__(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+    def __call__(
+        self, tokens: jax.Array, positions: jax.Array, attention: AttentionBackend
+    ) -> jax.Array:
         h = self.embed.lookup(tokens, self.config.embed_scale)  # (T, D)
         delta = None
         for layer in self.layers:
-            h, delta = layer(h, delta, positions, mask)
+            h, delta = layer(h, delta, positions, attention)
         return self.final_norm(h + delta)
 
     def output_embedding(self) -> jax.Array:
@@ -210,7 +214,32 @@ def forward(
       Final-normed hidden states [T, D] (fp32 for int8 and fp32, bf16 for bf16).
     """
     _check_step_inputs(tokens, positions, mask)
-    return bind(params, config)(tokens, positions, mask)
+    return bind(params, config)(tokens, positions, MaskedAttention(config, positions, mask))
+
+
+def forward_paged(
+    params: Params,
+    config: ModelConfig,
+    kv: tuple[tuple[jax.Array, jax.Array], ...],
+    tokens: jax.Array,
+    tables: PagedTables,
+) -> tuple[jax.Array, tuple[tuple[jax.Array, jax.Array], ...]]:
+    """Runs the decoder over one step of a forest against the paged KV pool.
+
+    Args:
+      kv: per layer (k_pages, v_pages) [P, L, K, H] (kv_pages.init_kv_pool); donate them.
+      tokens: int32 [T] this step's tokens (padding: any id).
+      tables: slot / positions / chain tables of the step (scheduler.step_arrays).
+
+    Returns:
+      (final-normed hidden [T, D], the pools with this step's k/v written). A token's hidden
+      state depends only on its own chain's tokens, never on the rest of the step (int8).
+    """
+    assert len(kv) == config.num_layers, f"kv has {len(kv)} layers, the model {config.num_layers}"
+    positions = jnp.maximum(tables.positions, 0)  # padding rows: any valid rope position
+    backend = PagedAttention(config, tables, list(kv))
+    hidden = bind(params, config)(tokens, positions, backend)
+    return hidden, tuple(backend.kv)
 
 
 def _softcap(logits: jax.Array, cap: float) -> jax.Array:

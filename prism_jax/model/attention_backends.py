@@ -1,0 +1,82 @@
+"""Where a layer's attention reads its keys: a dense mask over this step's tokens, or the paged
+KV pool through the tree_attention custom call.
+
+The decoder calls `backend(layer, q, k, v) -> [T, N * H]` once per layer with roped q and k.
+The masked backend is the plain-jnp path (HF parity tests, notebooks on toy inputs); the paged
+backend is what the engine runs: it writes this step's k/v into the pool and attends each
+token's chain, with the numerics of DESIGN.md (batch-, paging- and chunking-invariant).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+import jax
+
+from prism_jax import ops
+from prism_jax.config import ModelConfig
+from prism_jax.model.layers import attend, sliding_window_mask
+
+
+class AttentionBackend(Protocol):
+    def __call__(self, layer: int, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array: ...
+
+
+@dataclasses.dataclass
+class MaskedAttention:
+    """Dense attention over the step's own tokens; mask[q, k]: q may attend k."""
+
+    config: ModelConfig
+    positions: jax.Array  # int32 [T]
+    mask: jax.Array  # bool [T, T]
+
+    def __call__(self, layer: int, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        c = self.config
+        mask = self.mask
+        if c.layer_types[layer] == "sliding":
+            mask = sliding_window_mask(mask, self.positions, c.sliding_window)
+        return attend(q, k, v, mask, c.attention_scale)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PagedTables:
+    """The step's view of the KV pool (see ops.tree_attention for the semantics)."""
+
+    slot: jax.Array  # int32 [T] pool row receiving token t's k/v
+    positions: jax.Array  # int32 [T], -1 for padding
+    chain_of: jax.Array  # int32 [T], -1 for padding
+    chain_segments: jax.Array  # int32 [C, S, 3]
+    pages_flat: jax.Array  # int32 [Pt]
+
+
+@dataclasses.dataclass
+class PagedAttention:
+    """Tree attention over the pool; `kv` holds the updated per-layer pools after the pass."""
+
+    config: ModelConfig
+    tables: PagedTables
+    kv: list[tuple[jax.Array, jax.Array]]
+
+    def __call__(self, layer: int, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        c, tb = self.config, self.tables
+        k_pages, v_pages = self.kv[layer]
+        window = c.sliding_window if c.layer_types[layer] == "sliding" else 0
+        out, k_pages, v_pages = ops.tree_attention(
+            q,
+            k.astype(k_pages.dtype),
+            v.astype(v_pages.dtype),
+            k_pages,
+            v_pages,
+            tb.slot,
+            tb.positions,
+            tb.chain_of,
+            tb.chain_segments,
+            tb.pages_flat,
+            scale=c.attention_scale,
+            window=int(window or 0),
+        )
+        self.kv[layer] = (k_pages, v_pages)
+        t = q.shape[0]
+        return out.reshape(t, -1)  # (T, N*H)
