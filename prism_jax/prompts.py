@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+import string
+from typing import Any, Literal
 
 from prism_jax.chat_template import ChatTemplate
 from prism_jax.questions import Question
@@ -21,6 +22,47 @@ SYSTEM_INSTRUCTIONS = (
     "exactly one of the listed options."
 )
 NOUL_WORDS = ("Yes", "No")  # shown for the "true" and "false" sides
+LETTERS = string.ascii_uppercase
+
+
+@dataclasses.dataclass(frozen=True)
+class RenderStyle:
+    """How a choice question's options are shown and answered, and whether the system
+    instructions are sent. The default is the engine's format; the others exist to measure
+    prompt formats (prism_jax.eval, docs/ACCURACY.md).
+
+    options: "keys"    - each option is listed and answered by its key (the default);
+             "letters" - options listed under letters A, B, ... and answered by the letter
+                         (falls back to "keys" beyond 26 options);
+             "text"    - each option answered by its own text: the description when the key
+                         is a bare letter (the long-option convention: keys A, B, ... with
+                         the text as description), the key otherwise.
+    system:  send SYSTEM_INSTRUCTIONS (root) before the state.
+    """
+
+    options: Literal["keys", "letters", "text"] = "keys"
+    system: bool = True
+
+    def __post_init__(self) -> None:
+        assert self.options in ("keys", "letters", "text"), f"unknown options {self.options!r}"
+
+    @property
+    def name(self) -> str:
+        return self.options + ("" if self.system else "-nosys")
+
+    @classmethod
+    def from_name(cls, name: str) -> RenderStyle:
+        """A style from its name: keys, letters or text, optionally followed by -nosys."""
+        options, _, rest = name.partition("-")
+        if rest not in ("", "nosys") or options not in ("keys", "letters", "text"):
+            raise ValueError(
+                f"unknown render style {name!r}: use keys, letters or text, optionally "
+                "followed by -nosys (e.g. letters-nosys)"
+            )
+        return cls(options, system=not rest)  # type: ignore[arg-type]
+
+
+DEFAULT_STYLE = RenderStyle()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,16 +83,41 @@ def state_text(state: Any) -> str:
     return json.dumps(state, ensure_ascii=False, indent=2)
 
 
-def question_text(q: Question) -> tuple[str, tuple[str, ...]]:
+def _own_text(key: str, description: str | None) -> str:
+    bare_letter = len(key) == 1 and key in LETTERS
+    return description if bare_letter and description else key
+
+
+def _choice_lines(q: Question, style: RenderStyle) -> tuple[list[str], tuple[str, ...]]:
+    """Option lines and answer words for the letters and text styles."""
+    if style.options == "letters":
+        letters = tuple(LETTERS[: len(q.keys)])
+        lines = [
+            f"{letter}. {k}: {d}" if d and _own_text(k, d) == k else f"{letter}. {_own_text(k, d)}"
+            for letter, k, d in zip(letters, q.keys, q.descriptions, strict=True)
+        ]
+        return ["Options:", *lines, "Answer with the letter of one option."], letters
+    texts = tuple(_own_text(k, d) for k, d in zip(q.keys, q.descriptions, strict=True))
+    if len(set(texts)) < len(texts):  # two options would read the same: keep the keys
+        texts = q.keys
+    return ["Options:", *(f"- {t}" for t in texts), "Answer with one option."], texts
+
+
+def question_text(q: Question, style: RenderStyle = DEFAULT_STYLE) -> tuple[str, tuple[str, ...]]:
     """The question as the model reads it, and the option words it answers with."""
     lines = [f"Question: {q.instructions}"] if q.instructions else ["Question:"]
+    keys_style = style.options == "keys" or (style.options == "letters" and len(q.keys) > 26)
+    if q.kind == "choice" and not keys_style:
+        more, words = _choice_lines(q, style)
+        return "\n".join(lines + more), words
     if q.kind == "choice":
         lines.append("Options:")
-        lines += [f"- {k}: {d}" if d else f"- {k}" for k, d in zip(q.keys, q.descriptions)]
+        pairs = zip(q.keys, q.descriptions, strict=True)
+        lines += [f"- {k}: {d}" if d else f"- {k}" for k, d in pairs]
         lines.append("Answer with one option.")
         return "\n".join(lines), q.keys
     if q.kind == "noul":
-        for word, desc in zip(NOUL_WORDS, q.descriptions):
+        for word, desc in zip(NOUL_WORDS, q.descriptions, strict=True):
             if desc:
                 lines.append(f"Answer {word} if: {desc}")
         lines.append("Answer Yes or No.")
@@ -64,20 +131,26 @@ def question_text(q: Question) -> tuple[str, tuple[str, ...]]:
 class PromptRenderer:
     """Renders questions for one tokenizer, with the model's chat template when it has one."""
 
-    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate | None) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        template: ChatTemplate | None,
+        style: RenderStyle = DEFAULT_STYLE,
+    ) -> None:
         self.tokenizer = tokenizer
         self.template = template
+        self.style = style
 
     def _texts(self, state: str, question: str) -> tuple[str, str, str]:
         """-> (prefix text, branch text, text between branch and option)."""
+        system = self.style.system
         if self.template is None:  # a base model: plain text, options after a space
-            prefix = f"{SYSTEM_INSTRUCTIONS}\n\nState:\n{state}\n\n"
+            root = f"{SYSTEM_INSTRUCTIONS}\n\n" if system else ""
+            prefix = f"{root}State:\n{state}\n\n"
             return prefix, f"{question}\nAnswer:", " "
         user = f"State:\n{state}\n\n{question}"
-        messages = [
-            {"role": "system", "content": SYSTEM_INSTRUCTIONS},
-            {"role": "user", "content": user},
-        ]
+        messages = [{"role": "system", "content": SYSTEM_INSTRUCTIONS}] if system else []
+        messages.append({"role": "user", "content": user})
         full = self.template.render(messages, add_generation_prompt=True)
         cut = full.rfind(question)
         assert cut > 0, "the chat template must show the question text verbatim"
@@ -101,7 +174,7 @@ class PromptRenderer:
         return tuple(self.tokenizer.encode(option, add_bos=False))
 
     def render(self, state: Any, q: Question) -> RenderedQuestion:
-        text, words = question_text(q)
+        text, words = question_text(q, self.style)
         prefix_text, branch_text, lead = self._texts(state_text(state), text)
         prefix = self._encode_prefix(prefix_text)
         branch = self.tokenizer.encode(branch_text, add_bos=False)

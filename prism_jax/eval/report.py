@@ -1,0 +1,219 @@
+"""The evaluation summary (JSON) and its markdown report.
+
+Targets (issue 7): |accuracy(int8) - accuracy(bf16)| <= 0.03 percentage points, and
+flip rate(int8 vs fp32) <= flip rate(bf16 vs fp32); fp32 is the ground truth of the model's
+own arithmetic.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from prism_jax.eval import metrics
+from prism_jax.eval.items import Item
+from prism_jax.eval.runner import RunResult, Variant
+
+PRECISION_RANK = {"fp32": 0, "bf16": 1, "int8": 2}  # the reference comes first in a pair
+ACCURACY_GAP_POINTS = 0.03
+
+
+def _run_stats(probs: list[list[float]], gold: list[int]) -> dict[str, Any]:
+    cal = metrics.calibration(probs, gold)
+    return {**metrics.accuracy(probs, gold), **cal}
+
+
+def pairs(variants: Sequence[Variant]) -> list[tuple[Variant, Variant]]:
+    """(reference, other): precisions of one style (fp32 before bf16 before int8), then each
+    style against the first style at the same precision."""
+    out = []
+    styles = list(dict.fromkeys(v.style for v in variants))
+    for style in styles:
+        same = sorted(
+            (v for v in variants if v.style == style),
+            key=lambda v: PRECISION_RANK.get(v.precision, 9),
+        )
+        out += list(itertools.combinations(same, 2))
+    for precision in dict.fromkeys(v.precision for v in variants):
+        same = [v for v in variants if v.precision == precision]
+        out += [(same[0], other) for other in same[1:]]
+    return out
+
+
+def summarize(
+    items: Sequence[Item], variants: Sequence[Variant], result: RunResult, info: dict[str, Any]
+) -> dict[str, Any]:
+    """Per-set and overall accuracy/calibration per variant, agreement per pair, targets."""
+    by_set: dict[str, list[Item]] = defaultdict(list)
+    for it in items:
+        by_set[it.set].append(it)
+    names = [v.name for v in variants]
+
+    def stats(group: Sequence[Item]) -> dict[str, dict]:
+        gold = [it.gold for it in group]
+        return {n: _run_stats([result.probs[n][it.id] for it in group], gold) for n in names}
+
+    def agree(group: Sequence[Item], a: Variant, b: Variant) -> dict:
+        return metrics.agreement(
+            [result.probs[a.name][it.id] for it in group],
+            [result.probs[b.name][it.id] for it in group],
+            [it.gold for it in group],
+        )
+
+    summary: dict[str, Any] = {
+        **info,
+        "variants": names,
+        "decisions": len(items),
+        "sample": {s: len(g) for s, g in sorted(by_set.items())},
+        "failed": result.failed,
+        "overall": stats(items) if items else {},
+        "per_set": {s: stats(g) for s, g in sorted(by_set.items())},
+        "pairs": {},
+        "seconds": result.seconds,
+    }
+    for a, b in pairs(variants):
+        key = f"{b.name} vs {a.name}"
+        summary["pairs"][key] = {
+            "reference": a.name,
+            "other": b.name,
+            "overall": agree(items, a, b) if items else {},
+            "per_set": {s: agree(g, a, b) for s, g in sorted(by_set.items())},
+        }
+    summary["targets"] = targets(summary, variants)
+    return summary
+
+
+def targets(summary: dict[str, Any], variants: Sequence[Variant]) -> list[dict[str, Any]]:
+    """The two issue-7 targets for every style measured at int8, bf16 and fp32."""
+    out = []
+    for style in dict.fromkeys(v.style for v in variants):
+        by = {v.precision: v.name for v in variants if v.style == style}
+        if not {"int8", "bf16", "fp32"} <= set(by):
+            continue
+        overall = summary["overall"]
+        gap = abs(overall[by["int8"]]["accuracy"] - overall[by["bf16"]]["accuracy"]) * 100
+        f8 = summary["pairs"][f"{by['int8']} vs {by['fp32']}"]["overall"]["flip_rate"]
+        f16 = summary["pairs"][f"{by['bf16']} vs {by['fp32']}"]["overall"]["flip_rate"]
+        out.append(
+            {
+                "style": style.name,
+                "accuracy_gap_points": gap,
+                "accuracy_gap_holds": gap <= ACCURACY_GAP_POINTS,
+                "flip_int8_vs_fp32": f8,
+                "flip_bf16_vs_fp32": f16,
+                "flip_holds": f8 <= f16,
+            }
+        )
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}"
+
+
+def _acc(s: dict) -> str:
+    return f"{_pct(s['accuracy'])} [{_pct(s['lo'])}, {_pct(s['hi'])}]"
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    names = summary["variants"]
+    lines = [
+        f"# Accuracy: {summary.get('model', '?')}",
+        "",
+        f"Command: `{summary.get('command', '')}`",
+        "",
+        f"Engine commit {summary.get('commit', '?')}; seed {summary.get('seed')}; "
+        f"{summary['decisions']} decisions decided by every variant"
+        + (f"; {len(summary['failed'])} refused" if summary["failed"] else "")
+        + ("; **run stopped early (time limit)**" if summary.get("stopped_early") else ""),
+        "",
+        "## Accuracy (%) with 95 % Wilson intervals",
+        "",
+        "| set | n | " + " | ".join(names) + " |",
+        "|---|---:|" + "---|" * len(names),
+    ]
+    rows = list(summary["per_set"].items()) + [("**overall**", summary["overall"])]
+    for name, per in rows:
+        n = next(iter(per.values()))["n"] if per else 0
+        lines.append(f"| {name} | {n} | " + " | ".join(_acc(per[v]) for v in names) + " |")
+    lines += [
+        "",
+        "## Calibration (overall; confidence = top option probability)",
+        "",
+        "| variant | ECE (10 bins) | Brier | mean confidence | accuracy |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for v in names:
+        s = summary["overall"][v]
+        lines.append(
+            f"| {v} | {s['ece']:.4f} | {s['brier']:.4f} | {s['mean_confidence']:.4f} "
+            f"| {_pct(s['accuracy'])} |"
+        )
+    lines += [
+        "",
+        "## Agreement between variants (same items)",
+        "",
+        "| pair | flips | flip rate % [95 %] | mean abs dp | max abs dp | accuracy delta (points) "
+        "| fixed / broke |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for key, pair in summary["pairs"].items():
+        a = pair["overall"]
+        lines.append(
+            f"| {key} | {a['flips']}/{a['n']} | {_pct(a['flip_rate'])} [{_pct(a['flip_lo'])}, "
+            f"{_pct(a['flip_hi'])}] | {a['mean_dp']:.5f} | {a['max_dp']:.5f} | "
+            f"{100 * a['accuracy_delta']:+.3f} | {a['fixed']} / {a['broke']} |"
+        )
+    if summary["pairs"]:
+        lines += [
+            "",
+            "Flip rate per set:",
+            "",
+            "| set | " + " | ".join(summary["pairs"]) + " |",
+            "|---|" + "---:|" * len(summary["pairs"]),
+        ]
+        for s in summary["per_set"]:
+            cells = [
+                f"{p['per_set'][s]['flips']}/{p['per_set'][s]['n']}"
+                for p in summary["pairs"].values()
+            ]
+            lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    if summary["targets"]:
+        lines += [
+            "",
+            "## Targets",
+            "",
+            "| style | abs(int8 - bf16) accuracy, points (<= 0.03) | "
+            "flip int8~fp32 <= flip bf16~fp32 |",
+            "|---|---|---|",
+        ]
+        for t in summary["targets"]:
+            lines.append(
+                f"| {t['style']} | {t['accuracy_gap_points']:.3f} "
+                f"({'holds' if t['accuracy_gap_holds'] else 'MISSED'}) | "
+                f"{_pct(t['flip_int8_vs_fp32'])} % vs {_pct(t['flip_bf16_vs_fp32'])} % "
+                f"({'holds' if t['flip_holds'] else 'MISSED'}) |"
+            )
+    if summary.get("seconds"):
+        lines += [
+            "",
+            "Engine seconds per variant (this process; CPU timings swing with load): "
+            + ", ".join(f"{k} {v:.0f} s" for k, v in summary["seconds"].items()),
+        ]
+    lines += [
+        "",
+        "![reliability](reliability.png) ![confidence vs accuracy](confidence_vs_accuracy.png)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write(out: Path, summary: dict[str, Any]) -> None:
+    """summary.json and report.md into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
+    (out / "report.md").write_text(markdown(summary))
