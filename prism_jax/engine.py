@@ -143,10 +143,13 @@ class Engine:
                 "(send fewer questions at once, or start the engine with more kv_pages)"
             )
 
-    def run(self, rendered: list[RenderedQuestion], chunk: int | None = None) -> StepResult:
+    def run(
+        self, rendered: list[RenderedQuestion], chunk: int | None = None, min_tokens: int = 0
+    ) -> StepResult:
         """Option probabilities for rendered questions: one forest, prefix-cache lookups, then
         as many forward steps as the tokens to compute need (at most `chunk` tokens each;
-        default the largest token bucket)."""
+        default the largest token bucket). min_tokens pads every step to at least that
+        bucket (audits: 'a larger bucket gives the same bits')."""
         forest = build_forest(rendered, self.root_len)
         self._check_fits(forest)
         chunk = chunk or self.engine_config.max_step_tokens
@@ -160,7 +163,7 @@ class Engine:
         start = time.perf_counter()
         completed = False
         try:
-            table, steps = self._execute(forest, placements, chunk)
+            table, steps = self._execute(forest, placements, chunk, min_tokens)
             completed = True
         finally:
             release(placements, self.cache, completed)
@@ -168,22 +171,24 @@ class Engine:
         probs = option_probabilities_host(table, _terms(forest, table.shape[1]))
         return self._result(forest, placements, probs, steps, seconds)
 
-    def _execute(self, forest: Forest, placements: list[Placement], chunk: int):
+    def _execute(self, forest: Forest, placements: list[Placement], chunk: int, min_tokens: int):
         """Runs the steps; returns the log-probability table f32 [R, Cmax] and the step count."""
         cmax = max(len(c) for c in forest.candidates)
         table = np.full((len(forest.row_at), cmax), -np.inf, np.float32)
         plans = plan_steps(forest, placements, chunk)
         for plan in plans:
-            arrays = step_arrays(forest, placements, plan, self.engine_config, self.pool.num_pages)
+            arrays = step_arrays(
+                forest, placements, plan, self.engine_config, self.pool.num_pages, min_tokens
+            )
             hidden = self.runner.forward(arrays)
             if not plan.rows:
                 continue
-            need_lse = any(forest.use_lse[r] for r in plan.rows)
-            logits, logprobs, lse = self.runner.read(hidden, arrays, need_lse)
+            logits, logprobs, lse = self.runner.read(hidden, arrays)
+            lse_at = {int(i): j for j, i in enumerate(arrays["lse_of"])}
             for i, r in enumerate(plan.rows):
                 n = len(forest.candidates[r])
-                if forest.use_lse[r]:
-                    table[r, :n] = logits[i, :n] - lse[i]  # f32, as make_table_fn computes it
+                if forest.use_lse[r]:  # f32 subtraction, as make_table_fn computes it
+                    table[r, :n] = logits[i, :n] - lse[lse_at[i]]
                 else:
                     table[r, :n] = logprobs[i, :n]
         return table, len(plans)

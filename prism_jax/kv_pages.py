@@ -48,6 +48,9 @@ class PagePool:
     def usable_pages(self) -> int:
         return self.num_pages - 1
 
+    def free_page_ids(self) -> list[int]:
+        return sorted(self._free)
+
     def pages_for(self, tokens: int) -> int:
         return -(-tokens // self.page_size)
 

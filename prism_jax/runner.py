@@ -113,16 +113,19 @@ class Runner:
         return hidden
 
     def read(
-        self, hidden: jax.Array, arrays: Mapping[str, np.ndarray], need_lse: bool
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """(logits, logprobs, lse or None) on the host for the step's readout rows."""
+        self, hidden: jax.Array, arrays: Mapping[str, np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(logits [R, C], logprobs [R, C], lse [R']) on the host for the step's readout rows;
+        lse only for arrays["lse_rows"] (empty when no row needs the vocabulary pass)."""
         t = hidden.shape[0]
         r, c = arrays["cand_ids"].shape
         rows = self.executable(("gather", t, r))(hidden, arrays["rows"])  # (R, D)
         logits, logprobs = self.executable(("readout", r, c))(
             self.params, rows, arrays["cand_ids"], arrays["cand_counts"]
         )
-        lse = None
-        if need_lse:
-            lse = np.asarray(self.executable(("lse", r))(self.params, rows))
+        lse = np.zeros(0, np.float32)
+        if len(arrays["lse_of"]):
+            r2 = arrays["lse_rows"].shape[0]
+            lse_hidden = self.executable(("gather", t, r2))(hidden, arrays["lse_rows"])
+            lse = np.asarray(self.executable(("lse", r2))(self.params, lse_hidden))
         return np.asarray(logits), np.asarray(logprobs), lse

@@ -117,10 +117,12 @@ def step_arrays(
     plan: StepPlan,
     engine: EngineConfig,
     num_pages: int,
+    min_tokens: int = 0,
 ) -> dict[str, np.ndarray]:
-    """One step padded to its buckets: tokens, tables, and readout rows / candidates."""
+    """One step padded to its buckets (at least the bucket of min_tokens): tokens, tables,
+    and readout rows / candidates."""
     n = len(plan.work)
-    t = bucket(n, engine.token_buckets, "tokens in one step")
+    t = bucket(max(n, min_tokens), engine.token_buckets, "tokens in one step")
     page_size = engine.page_size
     segs, flat, chain_index = _chain_tables(
         forest, placements, plan, t, engine.chain_depth, num_pages
@@ -143,7 +145,9 @@ def step_arrays(
 
 
 def readout_arrays(forest: Forest, rows: list[int], index_of, engine: EngineConfig):
-    """rows int32 [R] (token index in the step), cand_ids [R, C], cand_counts [R]."""
+    """rows int32 [R] (token index in the step), cand_ids [R, C], cand_counts [R], and
+    lse_rows int32 [R'] (step token index of the rows that need the vocabulary pass, first
+    len(lse_of) of them; R' from the row buckets) with lse_of: those rows' positions in rows."""
     r = bucket(max(len(rows), 1), engine.row_buckets, "readout rows in one step")
     widest = max([len(forest.candidates[x]) for x in rows] + [1])
     c = bucket(widest, engine.candidate_buckets, "candidates per row")
@@ -154,7 +158,11 @@ def readout_arrays(forest: Forest, rows: list[int], index_of, engine: EngineConf
         idx[i] = index_of[forest.row_at[x]]
         ids[i, : len(forest.candidates[x])] = forest.candidates[x]
         counts[i] = len(forest.candidates[x])
-    return dict(rows=idx, cand_ids=ids, cand_counts=counts)
+    lse_of = [i for i, x in enumerate(rows) if forest.use_lse[x]]
+    lse_rows = np.zeros(bucket(max(len(lse_of), 1), engine.row_buckets, "lse rows"), np.int32)
+    lse_rows[: len(lse_of)] = idx[lse_of]
+    return dict(rows=idx, cand_ids=ids, cand_counts=counts, lse_rows=lse_rows,
+                lse_of=np.asarray(lse_of, np.int32))
 
 
 def pad(forest: Forest, engine: EngineConfig | None = None) -> dict[str, np.ndarray]:
