@@ -59,6 +59,7 @@ def time_engine(engine: Engine, qids: list[str], runs: int, warmup: int = 2) -> 
         response = engine.decide(STATE, questions)
     times = []
     for _ in range(runs):
+        engine.cache.clear()  # cold: every run computes the state (HF has no prefix cache)
         start = time.perf_counter()
         response = engine.decide(STATE, questions)
         times.append(time.perf_counter() - start)

@@ -58,6 +58,10 @@ class StepResult:
         return sum(self.segment_tokens[s] for s in self.chains[question] if self.segment_cached[s])
 
 
+class PoolTooSmall(DecisionRequestError):
+    """The forest needs more KV pages than the whole pool holds."""
+
+
 def _root_length(renderer: PromptRenderer) -> int:
     """How many leading prefix tokens are the same for every state (the instructions): the
     common token prefix of two renders with unrelated states, less one token for safety at
@@ -109,13 +113,14 @@ class Engine:
         precision: Precision = "int8",
         name: str | None = None,
         engine_config: EngineConfig | None = None,
-        warmup: bool = False,
+        warmup: bool = True,
         progress: bool = True,
     ) -> Engine:
         """Loads an HF safetensors directory, a .gguf file or a registered model name
         ("default" = Gemma 3 270M from PyPI), quantising to INT8 when precision="int8".
-        warmup=True compiles every step bucket now (servers); otherwise each bucket compiles
-        the first time it is used."""
+        warmup=True (the default) compiles every step bucket now, with a progress bar, so no
+        request ever waits for a compilation (the persistent compilation cache makes this fast
+        after the first start); warmup=False compiles each bucket the first time it is used."""
         checkpoint = load_checkpoint(name_or_path)
         config = ModelConfig.from_hf_config(checkpoint.hf_config)
         params = model.params_from_hf(config, checkpoint.tensors, precision)
@@ -137,7 +142,7 @@ class Engine:
             )
         pages = sum(self.pool.pages_for(len(s.tokens)) for s in forest.segments)
         if pages > self.pool.usable_pages:
-            raise DecisionRequestError(
+            raise PoolTooSmall(
                 f"request too large for the KV pool: needs {pages} pages of "
                 f"{self.pool.page_size} tokens, the pool has {self.pool.usable_pages} "
                 "(send fewer questions at once, or start the engine with more kv_pages)"
@@ -228,7 +233,13 @@ class Engine:
                 continue
             parsed.append((qs, len(rendered), len(mine)))
             rendered.extend(mine)
-        result = self.run(rendered) if rendered else None
+        try:
+            result = self.run(rendered) if rendered else None
+        except PoolTooSmall:
+            if len(requests) == 1:
+                raise
+            # Together they do not fit the pool: each request on its own (same bits).
+            return [r for req in requests for r in self.decide_many([req])]
         return [item if isinstance(item, DecisionRequestError) else self._response(result, *item)
                 for item in parsed]
 
