@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         body = request_from_args(args)
         start = time.perf_counter()
-        engine = Engine.from_pretrained(args.model, precision=args.precision)
+        # One request: compile only the shapes it needs (servers warm every bucket).
+        engine = Engine.from_pretrained(args.model, precision=args.precision, warmup=False)
         print(f"loaded {args.model} ({args.precision}) in {time.perf_counter() - start:.1f} s",
               file=sys.stderr)
         start = time.perf_counter()

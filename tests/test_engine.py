@@ -44,12 +44,12 @@ AGREEMENT_SET = [
 
 @pytest.fixture(scope="module")
 def int8_engine() -> Engine:
-    return Engine.from_pretrained("default", precision="int8")
+    return Engine.from_pretrained("default", precision="int8", warmup=False)
 
 
 @pytest.fixture(scope="module")
 def bf16_engine() -> Engine:
-    return Engine.from_pretrained("default", precision="bf16")
+    return Engine.from_pretrained("default", precision="bf16", warmup=False)
 
 
 def test_system_one_response(int8_engine):
@@ -104,7 +104,7 @@ def test_candidate_probabilities_equal_renormalised_full_softmax(fp32_engine, op
 
 @pytest.fixture(scope="module")
 def fp32_engine() -> Engine:
-    return Engine.from_pretrained("default", precision="fp32")
+    return Engine.from_pretrained("default", precision="fp32", warmup=False)
 
 
 def test_forest_equals_questions_asked_alone(fp32_engine, int8_engine):
