@@ -55,15 +55,16 @@ class Job:
     cancelled: bool = False
 
     def deliver(self, result: Any) -> None:
+        """Hands a result (an answer, or the exception that refuses it) to the waiting request."""
+
         def finish() -> None:
-            if self.future.done():
-                return
-            if isinstance(result, BaseException):
-                self.future.set_exception(result)
-            else:
+            if not self.future.done():
                 self.future.set_result(result)
 
-        self.loop.call_soon_threadsafe(finish)
+        try:
+            self.loop.call_soon_threadsafe(finish)
+        except RuntimeError:
+            pass  # the loop is closed: nobody is waiting any more
 
 
 class Batcher:

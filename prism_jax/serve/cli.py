@@ -13,6 +13,7 @@ import argparse
 import datetime
 import logging
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -162,16 +163,16 @@ def load_engine(config: ServeConfig) -> Any:
     start = time.perf_counter()
     say(f"loading {config.model!r} and quantising to {config.precision} ...")
     engine = Engine.from_pretrained(
-        config.model, precision=config.precision, name=config.served_model_name
+        config.model, precision=config.precision, name=config.served_model_name, warmup=False
     )
     say(f"loaded in {time.perf_counter() - start:.1f} s")
     start = time.perf_counter()
-    say("compiling the first step buckets (warm-up requests) ...")
-    engine.decide_many([("warm-up", WARMUP)])
-    say(
-        f"compiled in {time.perf_counter() - start:.1f} s (larger buckets compile on first use "
-        "and are kept in the persistent compilation cache)"
-    )
+    say("compiling every step bucket (persistent compilation cache: fast after the first run)")
+    runner = getattr(engine, "runner", None)
+    if runner is not None and hasattr(runner, "warmup"):
+        runner.warmup(progress=True)
+    engine.decide_many([("warm-up", WARMUP)])  # and one real step end to end
+    say(f"compiled in {time.perf_counter() - start:.1f} s")
     return engine
 
 
@@ -198,6 +199,10 @@ def serve(config: ServeConfig, engine: Any, log_level: str) -> None:
     )
     auth = "API key required" if config.api_key else "no API key (auth off)"
     say(f"serving {config.served_model_name!r} on http://{config.host}:{config.port} ({auth})")
+    # uvicorn re-raises the signal it drained on once it is done; a no-op handler in place
+    # then lets the process exit with status 0 instead of dying from that signal.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     DrainingServer(uv).run()
     say("stopped")
 

@@ -71,10 +71,10 @@ class ServerState:
         if not job.future.done():
             self.batcher.cancel(job)
             raise ClientGone()
-        try:
-            return job.future.result()
-        except EngineClosed as e:
-            raise ApiError(503, "unavailable", str(e), {"Retry-After": "5"}) from None
+        result = job.future.result()
+        if isinstance(result, EngineClosed):
+            raise ApiError(503, "unavailable", str(result), {"Retry-After": "5"})
+        return result
 
 
 async def _disconnected(request: Request) -> None:
