@@ -3,6 +3,12 @@
 # GPU parameters; GPU-marked tests no longer skip), then the CUDA-vs-CPU report.
 # Usage (device tool): bash benchmarks/gpu_suite.sh   with carry [".whl"] (nvidia-cutlass wheel)
 # Results land in $OUT (or benchmarks/results/ when OUT is unset).
+# Optional environment:
+#   PREBUILT=path/_prism_ops*.so  use an extension built elsewhere if it imports (else build)
+#   TESTS="..."                   pytest targets (default: tests/ops tests/test_extension.py)
+#   REPORT=0                      skip the CUDA-vs-CPU report
+#   GEMM_BENCH="--sweep ..."      then run benchmarks/gemm_bench.py with these arguments
+#                                 (results in $OUT/gemm.jsonl and $OUT/gemm.md)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
@@ -28,20 +34,36 @@ fi
 
 echo "## build"
 start=$(date +%s)
-cmake -S . -B build/gpu -G Ninja -DPython_EXECUTABLE="$(command -v $PY)" >"$OUT/build.log" 2>&1 &&
-  cmake --build build/gpu -j 16 >>"$OUT/build.log" 2>&1
-rc=$?
-echo "build rc=$rc in $(( $(date +%s) - start )) s"
-if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; exit $rc; fi
-cp build/gpu/_prism_ops*.so prism_jax/
+if [ -n "${PREBUILT:-}" ] && cp $PREBUILT prism_jax/ &&
+  $PY -c "from prism_jax import _prism_ops as m; assert m.with_cuda" 2>"$OUT/build.log"; then
+  echo "using the prebuilt extension $PREBUILT"
+else
+  rm -f prism_jax/_prism_ops*.so
+  cmake -S . -B build/gpu -G Ninja -DPython_EXECUTABLE="$(command -v $PY)" >>"$OUT/build.log" 2>&1 &&
+    cmake --build build/gpu -j 16 >>"$OUT/build.log" 2>&1
+  rc=$?
+  echo "build rc=$rc in $(( $(date +%s) - start )) s"
+  if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; exit $rc; fi
+  cp build/gpu/_prism_ops*.so prism_jax/
+fi
 
 echo "## op tests (CPU + CUDA)"
-$PY -m pytest -q -n 4 -p no:cacheprovider tests/ops tests/test_extension.py \
+$PY -m pytest -q -n 4 -p no:cacheprovider ${TESTS:-tests/ops tests/test_extension.py} \
   --junitxml="$OUT/pytest.xml" 2>&1 | tail -25 | tee "$OUT/pytest.txt"
 test_rc=${PIPESTATUS[0]}
 
-echo "## CUDA vs CPU report"
-$PY benchmarks/gpu_ops_report.py --out "$OUT/gpu_ops_report.jsonl" 2>&1 | tee "$OUT/gpu_ops_report.txt"
-report_rc=${PIPESTATUS[0]}
-echo "pytest rc=$test_rc report rc=$report_rc"
-exit $(( test_rc || report_rc ))
+report_rc=0
+if [ "${REPORT:-1}" != 0 ]; then
+  echo "## CUDA vs CPU report"
+  $PY benchmarks/gpu_ops_report.py --out "$OUT/gpu_ops_report.jsonl" 2>&1 | tee "$OUT/gpu_ops_report.txt"
+  report_rc=${PIPESTATUS[0]}
+fi
+bench_rc=0
+if [ -n "${GEMM_BENCH:-}" ]; then
+  echo "## int8 GEMM benchmark"
+  # shellcheck disable=SC2086 (GEMM_BENCH is a list of arguments)
+  $PY benchmarks/gemm_bench.py --out "$OUT" $GEMM_BENCH 2>&1 | tail -60
+  bench_rc=${PIPESTATUS[0]}
+fi
+echo "pytest rc=$test_rc report rc=$report_rc bench rc=$bench_rc"
+exit $(( test_rc || report_rc || bench_rc ))

@@ -1,18 +1,36 @@
 // prism_int8_gemm on CUDA; the specification is int8_gemm_cpu.cc.
 //   y[m, n] = float(sum_k x_q[m, k] * w_q[n, k]) * s_x[m] * s_w[n], y f32 or bf16.
 // Shapes: M tokens, K input features, N output features; x_q [M, K] and w_q [N, K] row-major.
-// A plain shared-memory-tiled __dp4a kernel, correct for any M, K, N (a CUTLASS kernel will
-// replace it for speed). The int32 sum is exact in any order, and the epilogue is the CPU's
-// (acc * s_x) * s_w, so results are bit-identical to the CPU.
+//
+// One kernel per call, picked from M (kBuckets below, chosen from measurements on an H200:
+// benchmarks/results/gemm_h200/):
+//   M <= 16            the weight-streaming decode kernel (int8_gemm_decode.cu)
+//   larger M           a CUTLASS SM90 kernel (int8_gemm_sm90_*.cu), tile by M bucket
+//   anything else      (K % 16 != 0, unaligned rows or pointers) the shared-memory __dp4a
+//                      kernel below, correct for any M, K, N.
+// Every kernel sums in int32 exactly and applies (acc * s_x) * s_w in fp32, so all give the CPU's
+// bits and the choice never changes a result.
+//
+// PRISM_INT8_GEMM_KERNEL (benchmarks only) forces one kernel by name, read on every call:
+// simt, decode16, decode32, decode64, or a tile of Sm90TileName(); unsupported shapes still fall
+// back. Under a command buffer the name in force at capture is the one replayed.
 #include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <type_traits>
 
 #include "cc/common.h"
 #include "cc/cuda_common.cuh"
 #include "cc/numerics.h"
+#include "cc/ops/int8_gemm_kernels.h"
 
 namespace prism {
 namespace {
 
+// The general kernel ("simt"): a shared-memory-tiled __dp4a GEMM for any M, K, N.
 constexpr int kTileM = 64;               // block tile rows of x_q
 constexpr int kTileN = 64;               // block tile rows of w_q (columns of y)
 constexpr int kTileK = 64;               // K bytes per shared-memory stage
@@ -105,11 +123,10 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename OutT>
-ffi::Error Launch(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
-                  const float* sw, OutT* y, int64_t m, int64_t k, int64_t n) {
+cudaError_t LaunchSimt(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
+                       const float* sw, OutT* y, int64_t m, int64_t k, int64_t n) {
   const int64_t grid_m = CeilDiv(m, kTileM), grid_n = CeilDiv(n, kTileN);
-  PRISM_REQUIRE(grid_m <= 65535 && grid_n <= 0x7fffffff,
-                "prism_int8_gemm: M above 65535 * 64 is not supported");
+  if (grid_m > 65535 || grid_n > 0x7fffffff) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(grid_n), static_cast<unsigned>(grid_m));
   const bool vec16 = k % 16 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0 &&
                      (reinterpret_cast<uintptr_t>(w) & 15u) == 0;
@@ -118,7 +135,81 @@ ffi::Error Launch(cudaStream_t stream, const int8_t* x, const float* sx, const i
   } else {
     Int8GemmKernel<OutT, false><<<grid, kThreads, 0, stream>>>(x, sx, w, sw, y, m, k, n);
   }
-  return LaunchStatus("prism_int8_gemm");
+  return cudaGetLastError();
+}
+
+// What runs for M up to max_m (buckets in increasing order; the last one is open-ended).
+// decode_rows > 0: the decode kernel with that many weight rows per block; else `tile`.
+struct Bucket {
+  int64_t max_m;
+  int decode_rows;
+  Sm90Tile tile;
+};
+constexpr Bucket kBucketsF32[] = {
+    {8, 32, Sm90Tile::kSwap128x64},
+    {16, 16, Sm90Tile::kSwap128x64},
+    {64, 0, Sm90Tile::kSwap128x64},
+    {512, 0, Sm90Tile::kCoop128x128},
+    {INT64_MAX, 0, Sm90Tile::kCoop128x256},
+};
+// bf16 output has two CUTLASS tiles built (int8_gemm_sm90_bf16.cu).
+constexpr Bucket kBucketsBf16[] = {
+    {8, 32, Sm90Tile::kSwap128x64},
+    {16, 16, Sm90Tile::kSwap128x64},
+    {128, 0, Sm90Tile::kSwap128x64},
+    {INT64_MAX, 0, Sm90Tile::kCoop128x256},
+};
+
+template <size_t kCount>
+Bucket Pick(const Bucket (&table)[kCount], int64_t m) {
+  for (const Bucket& b : table) {
+    if (m <= b.max_m) return b;
+  }
+  return table[kCount - 1];
+}
+
+// The benchmark override (PRISM_INT8_GEMM_KERNEL): false when unset; simt set when it names
+// the fallback kernel.
+bool Forced(int64_t m, Bucket* choice, bool* simt) {
+  const char* name = std::getenv("PRISM_INT8_GEMM_KERNEL");
+  if (name == nullptr || *name == '\0') return false;
+  *simt = std::strcmp(name, "simt") == 0;
+  for (int rows : {16, 32, 64}) {
+    if (std::strcmp(name, ("decode" + std::to_string(rows)).c_str()) == 0) {
+      *choice = {m, rows, Sm90Tile::kCoop128x256};
+      return true;
+    }
+  }
+  for (int t = 0; t < kSm90TileCount; ++t) {
+    if (std::strcmp(name, Sm90TileName(static_cast<Sm90Tile>(t))) == 0) {
+      *choice = {m, 0, static_cast<Sm90Tile>(t)};
+      return true;
+    }
+  }
+  return *simt;
+}
+
+template <typename OutT>
+ffi::Error Launch(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
+                  const float* sw, OutT* y, int64_t m, int64_t k, int64_t n) {
+  Bucket choice;
+  bool simt = false;
+  if (!Forced(m, &choice, &simt)) {
+    choice = std::is_same_v<OutT, float> ? Pick(kBucketsF32, m) : Pick(kBucketsBf16, m);
+  }
+  cudaError_t e = cudaErrorNotSupported;
+  if (!simt && k >= 16) {
+    if (choice.decode_rows > 0 && DecodeSupports(x, w, m, k)) {
+      e = RunDecode(choice.decode_rows, stream, x, sx, w, sw, y, m, k, n);
+    } else if (choice.decode_rows == 0 && Sm90Supports(x, w, y, k, n, sizeof(OutT))) {
+      e = RunSm90(choice.tile, stream, x, sx, w, sw, y, m, k, n);
+    }
+  }
+  // Not supported for this shape or alignment (nothing was launched): the general kernel.
+  if (e == cudaErrorNotSupported) e = LaunchSimt(stream, x, sx, w, sw, y, m, k, n);
+  if (e == cudaSuccess) return ffi::Error::Success();
+  return ffi::Error::Internal(std::string("prism_int8_gemm: CUDA launch failed: ") +
+                              cudaGetErrorString(e));
 }
 
 ffi::Error Int8GemmCuda(cudaStream_t stream, ffi::BufferR2<ffi::S8> x_q,

@@ -82,3 +82,52 @@ def test_cuda_matches_cpu(gpu, rng):
 
     cpu = run_on(jax.devices("cpu")[0], ops.int8_gemm, x, s_x, w, s_w)
     assert_bitwise_equal(run_on(gpu, ops.int8_gemm, x, s_x, w, s_w), cpu, "CUDA vs CPU")
+
+
+# Every CUDA kernel of the dispatch, forced by name (PRISM_INT8_GEMM_KERNEL), on shapes that meet
+# its alignment (K % 16 == 0, N * 4 % 16 == 0) but are no multiple of its tiles. A kernel that
+# does not apply (decode at M > 64, a bf16 tile not built) falls back, which must be exact too.
+CUDA_KERNELS = [
+    "simt",
+    "decode16",
+    "decode32",
+    "decode64",
+    "sm90_coop_128x256x128_c2x1",
+    "sm90_ping_64x256x128_c2x1",
+    "sm90_coop_128x128x128_c2x1",
+    "sm90_swap_ping_128x64x128_c2x1",
+]
+FORCED_SHAPES = [(1, 272, 200), (13, 1040, 136), (27, 2064, 72), (64, 5376, 264), (300, 528, 392)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", CUDA_KERNELS)
+@pytest.mark.parametrize("m,k,n", FORCED_SHAPES)
+@pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
+def test_each_cuda_kernel_exact(gpu, rng, monkeypatch, kernel, m, k, n, out_dtype):
+    monkeypatch.setenv("PRISM_INT8_GEMM_KERNEL", kernel)
+    x, w = random_int8(rng, (m, k), extreme=True), random_int8(rng, (n, k), extreme=True)
+    ones_m, ones_n = np.ones(m, np.float32), np.ones(n, np.float32)
+    acc64 = x.astype(np.int64) @ w.astype(np.int64).T
+    y = run_on(gpu, ops.int8_gemm, x, ones_m, w, ones_n)
+    assert_bitwise_equal(y, acc64.astype(np.float32), f"{kernel}: integer part")
+    x, w = random_int8(rng, (m, k)), random_int8(rng, (n, k))
+    s_x = rng.uniform(1e-4, 1e-1, m).astype(np.float32)
+    s_w = rng.uniform(1e-4, 1e-1, n).astype(np.float32)
+    y = run_on(gpu, ops.int8_gemm, x, s_x, w, s_w, out_dtype=out_dtype)
+    expected = epilogue(x.astype(np.int64) @ w.astype(np.int64).T, s_x, s_w)
+    assert_bitwise_equal(y, np.asarray(jnp.asarray(expected).astype(out_dtype)), kernel)
+
+
+@pytest.mark.gpu
+def test_row_invariance_across_kernels(gpu, rng):
+    """K % 16 == 0: the row alone runs the decode kernel, among 300 rows a CUTLASS one."""
+    k, n = 320, 200
+    w = random_int8(rng, (n, k))
+    s_w = rng.uniform(1e-3, 1e-2, n).astype(np.float32)
+    row = (random_int8(rng, (k,)), np.float32(rng.uniform(1e-3, 1e-2)))
+
+    def others(count):
+        return random_int8(rng, (count, k)), rng.uniform(1e-3, 1e-2, count).astype(np.float32)
+
+    check_row_invariance(gpu, ops.int8_gemm, [row[0], np.asarray(row[1])], others, [w, s_w])

@@ -1,0 +1,361 @@
+"""prism int8_gemm on the GPU against XLA's int8 dot, XLA's bf16 dot and cuBLASLt (torch._int_mm)
+on the Gemma-3-27B projection shapes, measured in the same run.
+
+    python3 benchmarks/gemm_bench.py --out DIR [--runs 10] [--sweep] [--ms 1,16,64]
+
+Shapes: qkv N=8192 K=5376, o N=5376 K=4096, gate_up N=43008 K=5376, down N=5376 K=21504, for
+M in {1, 16, 64, 256, 416, 1024, 4096}. Each timed run is one jitted call that applies the op R
+times, call i to its own x_i and w_i (so XLA can neither merge nor deduplicate calls and no
+weight is re-read from the 60 MB L2), timed on the host around block_until_ready; per-op time =
+run time / R, R in [8, 100] sized for about 2 ms of device time per run. Median and min-max
+over --runs timed runs after 2 warm-up calls. torch._int_mm (cuBLASLt) is timed the same way,
+R calls captured in one CUDA graph (torch._int_mm needs M > 16). prism output is float32 (what
+Int8Linear asks for); XLA int8 dot gives int32, XLA bf16 dot bf16.
+
+--sweep also times every kernel of prism's dispatch that applies to the shape, forced with
+PRISM_INT8_GEMM_KERNEL (each forced variant is a fresh executable). Writes gemm.jsonl (one JSON
+line per measurement) and gemm.md (tables) under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+from prism_jax import ops
+
+SHAPES = {"qkv": (8192, 5376), "o": (5376, 4096), "gate_up": (43008, 5376), "down": (5376, 21504)}
+SMOKE = {"tiny": (264, 512)}  # for a quick check of this script (--platform cpu --shapes tiny)
+MS = (1, 16, 64, 256, 416, 1024, 4096)
+L2_BYTES = 60 << 20
+TARGET_RUN_S = 2e-3  # device time of one timed run
+MAX_REPS = 100
+DECODE = ("decode16", "decode32", "decode64")
+SM90 = (
+    "sm90_coop_128x256x128_c2x1",
+    "sm90_ping_64x256x128_c2x1",
+    "sm90_coop_128x128x128_c2x1",
+    "sm90_swap_ping_128x64x128_c2x1",
+)
+
+
+def variants_for(m: int) -> list[str]:
+    """The kernels worth forcing at this M (the others are far off or unsupported)."""
+    if m <= 16:
+        return list(DECODE) + [SM90[3]]
+    if m <= 64:
+        return ["decode16", "decode32", SM90[3], SM90[2]]
+    if m <= 416:
+        return [SM90[3], SM90[2], SM90[1], SM90[0]]
+    return [SM90[0], SM90[1], SM90[2]]
+
+
+def stats(per_op_s: list[float]) -> dict:
+    return {
+        "median_us": statistics.median(per_op_s) * 1e6,
+        "min_us": min(per_op_s) * 1e6,
+        "max_us": max(per_op_s) * 1e6,
+        "runs": len(per_op_s),
+    }
+
+
+def time_jax(fn, args, reps: int, runs: int) -> list[float]:
+    jax.block_until_ready(fn(*args))  # compile + warm-up
+    jax.block_until_ready(fn(*args))
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        out.append((time.perf_counter() - t0) / reps)
+    return out
+
+
+def repeated(op, reps: int, tag: str):
+    """jit of R applications of op, call i on inputs i: no two calls share an operand, so XLA can
+    neither merge nor deduplicate them and no weight is reused from L2. `tag` makes the HLO (and so
+    the executable and any command buffer recorded for it) distinct per forced kernel."""
+
+    def run(*lists):
+        outs = [op(*[arg[i] for arg in lists]) for i in range(reps)]
+        return outs, jnp.asarray(sum(map(ord, tag)), jnp.int32)
+
+    return jax.jit(run)
+
+
+def reps_for(seconds_per_op: float) -> int:
+    """Calls per timed run: enough for TARGET_RUN_S of device time, at least 8, at most 100."""
+    return int(min(max(8, math.ceil(TARGET_RUN_S / max(seconds_per_op, 1e-7))), MAX_REPS))
+
+
+def estimate(m, n, k) -> float:
+    """A rough time per op (to size R): the larger of 1.2 POP/s and 3.5 TB/s."""
+    return max(2 * m * n * k / 1.2e15, (n * k + m * k) / 3.5e12)
+
+
+class Pool:
+    """Random arrays made on the device on first use, index i always the same array."""
+
+    def __init__(self, make):
+        self.make, self.items = make, []
+
+    def take(self, count: int) -> list:
+        while len(self.items) < count:
+            self.items.append(self.make(len(self.items)))
+        return self.items[:count]
+
+
+def bench_shape(name, n, k, ms, runs, sweep, emit, key):
+    w_bytes = n * k
+    wkey, xkey = jax.random.split(key)
+
+    def int8(kk, shape):
+        return jax.random.randint(kk, shape, -127, 128, jnp.int32).astype(jnp.int8)
+
+    ws = Pool(lambda i: int8(jax.random.fold_in(wkey, i), (n, k)))
+    s_w = Pool(
+        lambda i: jax.random.uniform(
+            jax.random.fold_in(wkey, 1_000_000 + i), (n,), jnp.float32, 1e-3, 1e-2
+        )
+    )
+    ws_bf16 = Pool(lambda i: ws.take(i + 1)[i].astype(jnp.bfloat16))
+    for m in ms:
+        reps = reps_for(estimate(m, n, k))
+        mk = jax.random.fold_in(xkey, m)
+        xs = [int8(jax.random.fold_in(mk, i), (m, k)) for i in range(reps)]
+        s_x = [
+            jax.random.uniform(jax.random.fold_in(mk, 1_000_000 + i), (m,), jnp.float32, 1e-3, 1e-2)
+            for i in range(reps)
+        ]
+        base = {"shape": name, "M": m, "N": n, "K": k, "reps": reps}
+
+        def record(impl, per_op, base=base):
+            s = stats(per_op)
+            t = s["median_us"] * 1e-6
+            emit(
+                {
+                    **base,
+                    "impl": impl,
+                    **s,
+                    "tops": 2 * base["M"] * n * k / t / 1e12,
+                    "weight_tbps": w_bytes / t / 1e12,
+                }
+            )
+
+        def gemm(x, sx, w, sw):
+            return ops.int8_gemm(x, sx, w, sw, out_dtype=jnp.float32)
+
+        args = (xs, s_x, ws.take(reps), s_w.take(reps))
+        os.environ.pop("PRISM_INT8_GEMM_KERNEL", None)
+        record("prism", time_jax(repeated(gemm, reps, "auto"), args, reps, runs))
+        for v in variants_for(m) if sweep else []:
+            os.environ["PRISM_INT8_GEMM_KERNEL"] = v
+            try:
+                record("prism:" + v, time_jax(repeated(gemm, reps, v), args, reps, runs))
+            finally:
+                os.environ.pop("PRISM_INT8_GEMM_KERNEL", None)
+
+        def dot_i8(x, w):
+            return jax.lax.dot_general(
+                x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32
+            )
+
+        record("xla_int8", time_jax(repeated(dot_i8, reps, "i8"), (xs, ws.take(reps)), reps, runs))
+
+        def dot_bf16(x, w):
+            return jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())))
+
+        xs_bf16 = [x.astype(jnp.bfloat16) for x in xs]
+        record(
+            "xla_bf16",
+            time_jax(repeated(dot_bf16, reps, "bf16"), (xs_bf16, ws_bf16.take(reps)), reps, runs),
+        )
+        del xs, xs_bf16, args
+
+
+def bench_torch(shapes, ms, runs, emit):
+    """torch._int_mm (cuBLASLt int8 -> int32), R calls in one CUDA graph, timed with events."""
+    try:
+        import torch  # noqa: PLC0415 (optional)
+    except ImportError as e:
+        emit({"impl": "cublaslt", "skipped": f"torch not importable: {e}"})
+        return
+    dev = torch.device("cuda")
+    for name, (n, k) in shapes.items():
+        ws = []
+        for m in ms:
+            base = {"shape": name, "M": m, "N": n, "K": k, "impl": "cublaslt"}
+            if m <= 16:  # torch._int_mm requires M > 16
+                emit({**base, "skipped": "torch._int_mm needs M > 16"})
+                continue
+            reps = reps_for(estimate(m, n, k))
+            while len(ws) < reps:
+                ws.append(torch.randint(-127, 128, (n, k), dtype=torch.int8, device=dev))
+            xs = [
+                torch.randint(-127, 128, (m, k), dtype=torch.int8, device=dev) for _ in range(reps)
+            ]
+            per_op = _time_int_mm(torch, xs, ws[:reps], runs)
+            s = stats(per_op)
+            t = s["median_us"] * 1e-6
+            emit(
+                {
+                    **base,
+                    "reps": reps,
+                    **s,
+                    "tops": 2 * m * n * k / t / 1e12,
+                    "weight_tbps": n * k / t / 1e12,
+                    "timing": "cuda graph + events",
+                }
+            )
+            del xs
+        del ws
+        torch.cuda.empty_cache()
+
+
+def _time_int_mm(torch, xs, ws, runs) -> list[float]:
+    reps = len(xs)
+    for x, w in zip(xs, ws, strict=True):
+        torch._int_mm(x, w.t())  # warm-up, cuBLASLt heuristics
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [torch._int_mm(x, w.t()) for x, w in zip(xs, ws, strict=True)]
+    graph.replay()
+    graph.replay()
+    per_op = []
+    for _ in range(runs):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        per_op.append(a.elapsed_time(b) * 1e-3 / reps)
+    del graph, outs
+    return per_op
+
+
+def copy_bandwidth(emit, runs, size=2 << 30):
+    """XLA elementwise x + 1 over 2 GiB of int8: bytes read + written per second."""
+    x = jnp.zeros((size,), jnp.int8) + jnp.int8(3)
+    reps = 4
+    fn = jax.jit(lambda a: [a + jnp.int8(i + 1) for i in range(reps)])
+    per_op = time_jax(fn, (x,), reps, runs)
+    s = stats(per_op)
+    emit(
+        {
+            "impl": "xla_copy",
+            "bytes": 2 * x.size,
+            **s,
+            "tbps": 2 * x.size / (s["median_us"] * 1e-6) / 1e12,
+        }
+    )
+
+
+def table(rows: list[dict]) -> str:
+    by = {}
+    for r in rows:
+        if "shape" in r and "median_us" in r:
+            by.setdefault((r["shape"], r["M"]), {})[r["impl"]] = r
+
+    def tops(r):
+        return f"{r['tops']:.0f}" if r else "n/a"
+
+    def ratio(a, b):
+        return f"{a['tops'] / b['tops']:.2f}x" if a and b else "n/a"
+
+    lines = [
+        "| shape | M | prism µs median (min-max) | prism TOP/s | prism weight TB/s | XLA int8 TOP/s"
+        " | XLA bf16 TFLOP/s | cuBLASLt TOP/s | prism / cuBLASLt | prism / XLA int8"
+        " | fastest forced kernel |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (shape, m), d in by.items():
+        p = d.get("prism")
+        if p is None:
+            continue
+        forced = {k.split(":", 1)[1]: v for k, v in d.items() if k.startswith("prism:")}
+        best = min(forced.items(), key=lambda kv: kv[1]["median_us"]) if forced else None
+        lines.append(
+            f"| {shape} | {m} | {p['median_us']:.1f} ({p['min_us']:.1f}-{p['max_us']:.1f})"
+            f" | {p['tops']:.0f} | {p['weight_tbps']:.2f} | {tops(d.get('xla_int8'))}"
+            f" | {tops(d.get('xla_bf16'))} | {tops(d.get('cublaslt'))}"
+            f" | {ratio(p, d.get('cublaslt'))} | {ratio(p, d.get('xla_int8'))}"
+            f" | {f'{best[0]} ({best[1]["tops"]:.0f} TOP/s)' if best else '-'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="benchmarks/results/gemm_h200")
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--sweep", action="store_true", help="also time every forced kernel")
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--ms", default=",".join(map(str, MS)))
+    parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--platform", default="gpu", help="cpu: a smoke test of this script")
+    args = parser.parse_args()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    shapes = {s: {**SHAPES, **SMOKE}[s] for s in args.shapes.split(",")}
+    ms = [int(v) for v in args.ms.split(",")]
+    gpu = jax.devices(args.platform)[0]
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    meta = {
+        "device": gpu.device_kind,
+        "jax": jax.__version__,
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }
+    rows = []
+    sink = open(out / "gemm.jsonl", "w")  # noqa: SIM115
+
+    def emit(row):
+        row = {**row, "device": meta["device"]}
+        print(json.dumps(row), flush=True)
+        sink.write(json.dumps(row) + "\n")
+        sink.flush()
+        rows.append(row)
+
+    emit({"meta": meta})
+    with jax.default_device(gpu):
+        copy_bandwidth(emit, args.runs, 2 << 30 if args.platform == "gpu" else 1 << 20)
+        key = jax.random.key(0)
+        for name, (n, k) in shapes.items():
+            bench_shape(name, n, k, ms, args.runs, args.sweep, emit, jax.random.fold_in(key, n * k))
+    if not args.no_torch:
+        bench_torch(shapes, ms, args.runs, emit)
+    sink.close()
+    copy = next((r for r in rows if r.get("impl") == "xla_copy"), None)
+    md = (
+        f"# int8 GEMM on {meta['device']} ({meta['date']}, commit {meta['commit']}, "
+        f"jax {meta['jax']})\n\n`python3 benchmarks/gemm_bench.py {' '.join(sys.argv[1:])}`\n\n"
+        f"Median over {args.runs} timed runs after warm-up (per-op time of a run of R calls on "
+        "distinct inputs per call). TOP/s = 2·M·N·K / t; weight TB/s = N·K bytes / t. "
+        f"Copy bandwidth (XLA x+1, read+write) in this run: "
+        f"{copy['tbps']:.2f} TB/s.\n\n"
+        if copy
+        else "\n"
+    ) + table(rows)
+    (out / "gemm.md").write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

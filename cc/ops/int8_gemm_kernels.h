@@ -1,0 +1,46 @@
+// The CUDA kernels behind prism_int8_gemm, as plain launch functions (no XLA, no CUTLASS types),
+// so the handler (int8_gemm_cuda.cu) picks one per call and each family compiles on its own.
+//   y[m, n] = float(sum_k x[m, k] * w[n, k]) * s_x[m] * s_w[n]   (fp32, in that order)
+// Shapes: M tokens, K input features, N outputs; x [M, K] and w [N, K] row-major, y [M, N].
+// Every kernel computes the int32 sum exactly and applies that epilogue, so all give the same
+// bits; they differ only in speed.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace prism {
+
+// CUTLASS 3.x SM90 kernels (TMA, warp-specialised, wgmma), int8_gemm_sm90_*.cu. Need K % 16 == 0,
+// N * sizeof(OutT) % 16 == 0 and 16-byte-aligned pointers (TMA); Sm90Supports() checks that.
+enum class Sm90Tile {
+  kCoop128x256,  // cooperative 128x256x128, cluster 2x1: large M
+  kPing64x256,   // ping-pong 64x256x128, cluster 2x1: large M, fewer rows per tile
+  kCoop128x128,  // cooperative 128x128x128, cluster 2x1: mid M (more tiles than 128x256)
+  kSwap128x64,   // y^T = w x^T: tile 128 weight rows x 64 tokens x 128, ping-pong: small M
+};
+constexpr int kSm90TileCount = 4;
+const char* Sm90TileName(Sm90Tile tile);
+
+bool Sm90Supports(const void* x, const void* w, const void* y, int64_t k, int64_t n,
+                  int out_bytes);
+
+// Returns cudaSuccess, or the error (a CUTLASS refusal is cudaErrorNotSupported). OutT: float,
+// or uint16_t holding bf16 bits. Only some tiles are built for bf16 (see int8_gemm_sm90_bf16.cu);
+// the others return cudaErrorNotSupported.
+template <typename OutT>
+cudaError_t RunSm90(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
+                    const int8_t* w, const float* sw, OutT* y, int64_t m, int64_t k, int64_t n);
+
+// Weight-streaming kernel for small M (int8_gemm_decode.cu): mma.sync m16n8k32 on 16-row slabs
+// of w, K split across the 8 warps of a block, partial sums added exactly in shared memory.
+// Needs M <= 64, K % 16 == 0 and 16-byte-aligned x and w. rows_per_block: 16, 32 or 64 weight
+// rows per block (0: the default for M).
+bool DecodeSupports(const void* x, const void* w, int64_t m, int64_t k);
+template <typename OutT>
+cudaError_t RunDecode(int rows_per_block, cudaStream_t stream, const int8_t* x, const float* sx,
+                      const int8_t* w, const float* sw, OutT* y, int64_t m, int64_t k,
+                      int64_t n);
+
+}  // namespace prism

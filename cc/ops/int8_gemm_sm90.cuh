@@ -1,0 +1,146 @@
+// CUTLASS 3.x SM90 int8 GEMM with the contract's epilogue, as one template; the two
+// int8_gemm_sm90_*.cu files instantiate it (one per output dtype, so they compile in parallel).
+//
+// Standard layout: D[M, N] = x[M, K] . w[N, K]^T, A = x (row-major), B = w (K-major), D row-major.
+// Swapped layout (small M): D'[N, M] = w . x^T, A = w, B = x, D' column-major, which is y
+// row-major; the big operand then fills the 128-row wgmma side and the few tokens the narrow one.
+// Epilogue visitor tree, both layouts: Mul(Mul(float(acc), s_x), s_w), i.e. the contract's
+// (acc * s_x[m]) * s_w[n] in fp32, the int32 -> fp32 conversion round-to-nearest (cvt.rn).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cc/ops/int8_gemm_kernels.h"
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/sm90_visitor_compute_tma_warpspecialized.hpp"
+#include "cutlass/epilogue/fusion/sm90_visitor_load_tma_warpspecialized.hpp"
+#include "cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+
+namespace prism {
+namespace sm90 {
+
+using namespace cute;  // NOLINT: CUTLASS's shape vocabulary (Shape, _128, ...)
+namespace fusion = cutlass::epilogue::fusion;
+
+template <class TileShape_, class ClusterShape_, class KernelSchedule_, class EpilogueSchedule_,
+          bool kSwap_>
+struct Config {
+  using TileShape = TileShape_;
+  using ClusterShape = ClusterShape_;
+  using KernelSchedule = KernelSchedule_;
+  using EpilogueSchedule = EpilogueSchedule_;
+  static constexpr bool kSwap = kSwap_;
+};
+
+using Coop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+using Ping = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+using EpiCoop = cutlass::epilogue::TmaWarpSpecializedCooperative;
+using EpiPing = cutlass::epilogue::TmaWarpSpecialized;
+
+using CfgCoop128x256 = Config<Shape<_128, _256, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, false>;
+using CfgPing64x256 = Config<Shape<_64, _256, _128>, Shape<_2, _1, _1>, Ping, EpiPing, false>;
+using CfgCoop128x128 = Config<Shape<_128, _128, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, false>;
+using CfgSwap128x64 = Config<Shape<_128, _64, _128>, Shape<_2, _1, _1>, Ping, EpiPing, true>;
+
+template <class Cfg, class ElementD>
+struct Gemm {
+  using TileShape = typename Cfg::TileShape;
+  static constexpr bool kSwap = Cfg::kSwap;
+  using LayoutA = cutlass::layout::RowMajor;     // K-major
+  using LayoutB = cutlass::layout::ColumnMajor;  // K-major
+  using LayoutD = std::conditional_t<kSwap, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
+  static constexpr int kAlignAB = 16;
+  static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
+
+  // Per token (s_x) and per weight row (s_w): a column vector of D when it is indexed by D's rows.
+  using TokenScale = std::conditional_t<
+      kSwap, fusion::Sm90RowBroadcast<0, TileShape, float, float, Stride<_0, _1, int64_t>>,
+      fusion::Sm90ColBroadcast<0, TileShape, float, float, Stride<_1, _0, int64_t>>>;
+  using WeightScale = std::conditional_t<
+      kSwap, fusion::Sm90ColBroadcast<0, TileShape, float, float, Stride<_1, _0, int64_t>>,
+      fusion::Sm90RowBroadcast<0, TileShape, float, float, Stride<_0, _1, int64_t>>>;
+  using AccTimesSx = fusion::Sm90EVT<
+      fusion::Sm90Compute<cutlass::multiplies, float, float, cutlass::FloatRoundStyle::round_to_nearest>,
+      fusion::Sm90AccFetch, TokenScale>;
+  using Epilogue = fusion::Sm90EVT<
+      fusion::Sm90Compute<cutlass::multiplies, ElementD, float, cutlass::FloatRoundStyle::round_to_nearest>,
+      AccTimesSx, WeightScale>;
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, typename Cfg::ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float, void, LayoutD, kAlignD,
+      ElementD, LayoutD, kAlignD, typename Cfg::EpilogueSchedule, Epilogue>::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, int8_t, LayoutA, kAlignAB, int8_t,
+      LayoutB, kAlignAB, int32_t, TileShape, typename Cfg::ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      typename Cfg::KernelSchedule>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
+                                                      CollectiveEpilogue>;
+  using Adapter = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  static cudaError_t Run(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
+                         const float* sw, ElementD* y, int64_t m, int64_t k, int64_t n) {
+    // GEMM rows/cols: (m, n) standard, (n, m) swapped; A is x or w accordingly.
+    const int gm = static_cast<int>(kSwap ? n : m), gn = static_cast<int>(kSwap ? m : n);
+    const int gk = static_cast<int>(k);
+    const int8_t* a = kSwap ? w : x;
+    const int8_t* b = kSwap ? x : w;
+    using StrideA = typename Kernel::StrideA;
+    using StrideB = typename Kernel::StrideB;
+    using StrideD = typename Kernel::StrideD;
+    // Packed strides (the L mode, one batch, keeps 0): A and B K-major with leading dim K; D
+    // row-major (leading dim gn) or, swapped, column-major (leading dim gm = N).
+    StrideA stride_a{};
+    StrideB stride_b{};
+    StrideD stride_d{};
+    get<0>(stride_a) = gk;
+    get<0>(stride_b) = gk;
+    if constexpr (kSwap) {
+      get<1>(stride_d) = gm;
+    } else {
+      get<0>(stride_d) = gn;
+    }
+
+    typename Adapter::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        {gm, gn, gk, 1},
+        {a, stride_a, b, stride_b},
+        {{}, nullptr, stride_d, y, stride_d}};
+    // Visitor arguments: {{acc, s_x, mul}, s_w, mul}.
+    args.epilogue.thread = {{{}, {sx}, {}}, {sw}, {}};
+    args.hw_info.sm_count = SmCount();
+
+    Adapter gemm;
+    if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorNotSupported;
+    // No workspace (data-parallel persistent scheduler): nothing to allocate in the handler.
+    if (Adapter::get_workspace_size(args) != 0) return cudaErrorNotSupported;
+    if (gemm.initialize(args, nullptr, stream) != cutlass::Status::kSuccess) {
+      return cudaErrorNotSupported;
+    }
+    if (gemm.run(stream) != cutlass::Status::kSuccess) {
+      const cudaError_t e = cudaGetLastError();
+      return e == cudaSuccess ? cudaErrorLaunchFailure : e;
+    }
+    return cudaGetLastError();
+  }
+
+  // Queried once per process: CUTLASS would otherwise ask the driver on every call.
+  static int SmCount() {
+    static const int count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(0);
+    return count;
+  }
+};
+
+}  // namespace sm90
+}  // namespace prism
