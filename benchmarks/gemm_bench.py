@@ -52,10 +52,10 @@ SM90 = (
 def variants_for(m: int) -> list[str]:
     """The kernels worth forcing at this M (the others are far off or unsupported)."""
     if m <= 16:
-        return list(DECODE) + [SM90[3]]
+        return list(DECODE)
     if m <= 64:
         return ["decode16", "decode32", SM90[3], SM90[2]]
-    if m <= 416:
+    if m <= 256:
         return [SM90[3], SM90[2], SM90[1], SM90[0]]
     return [SM90[0], SM90[1], SM90[2]]
 
