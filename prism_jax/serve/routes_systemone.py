@@ -66,6 +66,17 @@ def _engine_request(body: SystemOneRequest) -> tuple[Any, dict[str, Any]]:
     return body.state, questions
 
 
+def refusal(err: DecisionRequestError) -> Exception:
+    """The engine's refusal as the wire's error: 503 (busy: retry), 422, or a 400 limit."""
+    if err.status == 503:
+        return ApiError(503, "unavailable", err.detail, {"Retry-After": "1"})
+    if err.status == 422:
+        return RequestValidationFailed(
+            [{"loc": ["body", "questions"], "msg": err.detail, "type": "value_error"}]
+        )
+    return LimitError(err.detail)
+
+
 def _finite(value: Any) -> bool:
     if isinstance(value, float):
         return math.isfinite(value)
@@ -111,7 +122,7 @@ async def systemone(request: Request) -> Response:
         return Response(status_code=499)
     server.metrics.ttft.observe(time.monotonic() - arrived)
     if isinstance(result, DecisionRequestError):
-        raise LimitError(result.detail)
+        raise refusal(result)
     if isinstance(result, Exception):
         raise ApiError(
             500,

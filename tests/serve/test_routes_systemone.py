@@ -99,3 +99,15 @@ def test_unknown_routes_and_methods_are_json(client):
     assert r.status_code == 404 and r.json()["detail"]["error_type"] == "not_found"
     r = client.get("/v1/systemone", headers=AUTH)
     assert r.status_code == 405 and "POST /v1/systemone" in r.json()["detail"]["message"]
+
+
+def test_engine_refusals_keep_their_status(client, fake_engine):
+    from prism_jax.questions import DecisionRequestError
+
+    def busy(requests):
+        return [DecisionRequestError("KV pool busy: no free pages; retry later", status=503)]
+
+    fake_engine.decide_many = busy
+    r = ask(client, {"q": {"type": "noul", "instructions": "?"}})
+    assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+    assert "retry later" in r.json()["detail"]["message"]
