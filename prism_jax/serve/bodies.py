@@ -82,11 +82,20 @@ def decode(raw: bytes, encoding_header: str | None, limit: int) -> bytes:
 
 
 def parse_json(data: bytes) -> Any:
-    """JSON text -> value; malformed JSON is a 422 like FastAPI's json_invalid."""
+    """JSON text -> value; malformed JSON is a 422 like FastAPI's json_invalid. Escapes of lone
+    surrogates ("\\ud800") are refused too: they are not text, and no tokenizer takes them."""
     try:
-        return json.loads(data.decode("utf-8"))
+        value = json.loads(data.decode("utf-8"))
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+        return value
     except UnicodeDecodeError as e:
         raise validation_error([e.start], "the body is not UTF-8 text", "json_invalid") from None
+    except UnicodeEncodeError:
+        raise validation_error(
+            [0],
+            "a string holds a lone surrogate escape (e.g. \\ud800); send valid Unicode text",
+            "string_unicode",
+        ) from None
     except json.JSONDecodeError as e:
         raise validation_error([e.pos], f"JSON decode error: {e.msg}", "json_invalid") from None
     except ValueError as e:  # e.g. an integer longer than Python's 4300-digit limit

@@ -23,6 +23,7 @@ from prism_jax.serve.scoring import Scorer
 from prism_jax.serve.state import ClientGone, ServerState
 
 router = APIRouter()
+MAX_PROMPTS = 64  # per request: each runs on the engine thread, one after another
 
 
 def _check(body: CompletionRequest, server: ServerState) -> None:
@@ -127,8 +128,8 @@ async def completions(request: Request) -> Response:
     except ValidationError as e:
         raise RequestValidationFailed(validation_items(e.errors(include_url=False))) from None
     _check(body, server)
-    if isinstance(body.prompt, list) and not body.prompt:
-        raise LimitError("prompt is an empty list; send at least one prompt")
+    if isinstance(body.prompt, list) and not 1 <= len(body.prompt) <= MAX_PROMPTS:
+        raise LimitError(f"prompt lists {len(body.prompt)} prompts; send 1 to {MAX_PROMPTS}")
     job = server.submit(call=_job(body, server))
     try:
         results = await server.wait(request, job)

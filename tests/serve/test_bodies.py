@@ -67,3 +67,12 @@ def test_malformed_json_is_422_with_fastapi_shape(client):
         assert r.status_code == 422, raw[:20]
         item = r.json()["detail"][0]
         assert item["loc"][0] == "body" and item["type"] == "json_invalid"
+
+
+def test_lone_surrogate_escapes_are_422_not_a_tokenizer_crash(client):
+    for raw in (
+        b'{"model": "fake", "state": "\\ud800", "questions": {"q": {"type": "noul"}}}',
+        b'{"model": "fake", "state": "s", "questions": {"\\udfff": {"type": "noul"}}}',
+    ):
+        r = _post(client, raw)
+        assert r.status_code == 422 and r.json()["detail"][0]["type"] == "string_unicode"
