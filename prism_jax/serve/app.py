@@ -60,8 +60,9 @@ def _add_service_routes(app: FastAPI) -> None:
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
         server: ServerState = request.app.state.server
-        if server.draining or server.fault or not server.batcher.alive:
-            why = server.fault or ("shutting down" if server.draining else "engine thread stopped")
+        fault = server.fault or server.batcher.fault
+        if server.draining or fault or not server.batcher.alive:
+            why = fault or ("shutting down" if server.draining else "engine thread stopped")
             return JSONResponse({"status": "unavailable", "reason": why}, status_code=503)
         return JSONResponse({"status": "ok", "model": server.config.served_model_name})
 

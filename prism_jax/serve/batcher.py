@@ -79,6 +79,7 @@ class Batcher:
         self._pending: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
+        self.fault: str | None = None  # why the engine thread stopped, if it did
         self.running = 0
         self.stats: dict[str, float] = dict(engine.stats())
         self.step_seconds = 0.5  # running estimate, for Retry-After
@@ -170,26 +171,34 @@ class Batcher:
         return out
 
     def _loop(self) -> None:
-        while True:
-            batch = self._take()
-            if batch is None:
-                return
-            start = time.monotonic()
-            try:
-                if batch[0].call is not None:
-                    self.running = 1
-                    results = [_guarded(batch[0].call, self.engine)]
-                else:
-                    results = run_decisions(self.engine, [j.request for j in batch])
-                self.stats = dict(self.engine.stats())
-            finally:
-                self.running = 0
-            seconds = time.monotonic() - start
-            self.step_seconds = 0.8 * self.step_seconds + 0.2 * seconds
-            self.on_step(len(batch), seconds)
-            for job, result in zip(batch, results, strict=True):
-                if not job.cancelled:
-                    job.deliver(result)
+        batch: list[Job] | None = None
+        try:
+            while (batch := self._take()) is not None:
+                self._step(batch)
+        except BaseException as e:  # the engine thread must not die silently
+            log.exception("the engine thread stopped")
+            self.fault = f"the engine thread stopped: {type(e).__name__}: {e}"
+            self.close()
+            for job in batch or []:
+                job.deliver(EngineClosed(self.fault))
+
+    def _step(self, batch: list[Job]) -> None:
+        start = time.monotonic()
+        try:
+            if batch[0].call is not None:
+                self.running = 1
+                results = [_guarded(batch[0].call, self.engine)]
+            else:
+                results = run_decisions(self.engine, [j.request for j in batch])
+            self.stats = dict(self.engine.stats())
+        finally:
+            self.running = 0
+        seconds = time.monotonic() - start
+        self.step_seconds = 0.8 * self.step_seconds + 0.2 * seconds
+        self.on_step(len(batch), seconds)
+        for job, result in zip(batch, results, strict=True):
+            if not job.cancelled:
+                job.deliver(result)
 
 
 def _guarded(fn: Callable[[Any], Any], engine: Any) -> Any:

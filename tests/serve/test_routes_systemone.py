@@ -111,3 +111,15 @@ def test_engine_refusals_keep_their_status(client, fake_engine):
     r = ask(client, {"q": {"type": "noul", "instructions": "?"}})
     assert r.status_code == 503 and r.headers["Retry-After"] == "1"
     assert "retry later" in r.json()["detail"]["message"]
+
+
+def test_a_dead_engine_thread_makes_health_503_and_requests_503(client, fake_engine):
+    def broken():
+        raise RuntimeError("device lost")
+
+    fake_engine.stats = broken  # raised on the engine thread after the step
+    r = ask(client, {"q": {"type": "noul", "instructions": "?"}})
+    assert r.status_code == 503 and "device lost" in r.json()["detail"]["message"]
+    health = client.get("/health")
+    assert health.status_code == 503 and "device lost" in health.json()["reason"]
+    assert ask(client, {"q": {"type": "noul", "instructions": "?"}}).status_code == 503
