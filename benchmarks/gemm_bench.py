@@ -157,7 +157,7 @@ def bench_shape(name, n, k, ms, runs, sweep, emit, key):
         args = (xs, s_x, ws.take(reps), s_w.take(reps))
         os.environ.pop("PRISM_INT8_GEMM_KERNEL", None)
         record("prism", time_jax(repeated(gemm, reps, "auto"), args, reps, runs))
-        for v in variants_for(m) if sweep else []:
+        for v in variants_for(m) if m in sweep else []:
             os.environ["PRISM_INT8_GEMM_KERNEL"] = v
             try:
                 record("prism:" + v, time_jax(repeated(gemm, reps, v), args, reps, runs))
@@ -299,6 +299,7 @@ def main() -> int:
     parser.add_argument("--out", default="benchmarks/results/gemm_h200")
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--sweep", action="store_true", help="also time every forced kernel")
+    parser.add_argument("--sweep-ms", default="", help="with --sweep: only at these M")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--ms", default=",".join(map(str, MS)))
     parser.add_argument("--no-torch", action="store_true")
@@ -337,7 +338,9 @@ def main() -> int:
         copy_bandwidth(emit, args.runs, 2 << 30 if args.platform == "gpu" else 1 << 20)
         key = jax.random.key(0)
         for name, (n, k) in shapes.items():
-            bench_shape(name, n, k, ms, args.runs, args.sweep, emit, jax.random.fold_in(key, n * k))
+            sweep = set(map(int, args.sweep_ms.split(","))) if args.sweep_ms else set(ms)
+            sweep = sweep if args.sweep else set()
+            bench_shape(name, n, k, ms, args.runs, sweep, emit, jax.random.fold_in(key, n * k))
     if not args.no_torch:
         bench_torch(shapes, ms, args.runs, emit)
     sink.close()
