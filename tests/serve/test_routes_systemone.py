@@ -123,3 +123,10 @@ def test_a_dead_engine_thread_makes_health_503_and_requests_503(client, fake_eng
     health = client.get("/health")
     assert health.status_code == 503 and "device lost" in health.json()["reason"]
     assert ask(client, {"q": {"type": "noul", "instructions": "?"}}).status_code == 503
+
+
+def test_while_draining_new_requests_get_503_and_health_says_so(client):
+    client.app.state.server.draining = True
+    r = ask(client, {"q": {"type": "noul", "instructions": "?"}})
+    assert r.status_code == 503 and "shutting down" in r.json()["detail"]["message"]
+    assert client.get("/health").status_code == 503
