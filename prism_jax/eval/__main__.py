@@ -18,7 +18,14 @@ from pathlib import Path
 
 from prism_jax.eval import olmo_sets, plots, report, shared_data
 from prism_jax.eval.items import Item, stratified_sample
-from prism_jax.eval.runner import Runner, Variant, paired
+from prism_jax.eval.runner import (
+    Runner,
+    RunResult,
+    Variant,
+    load_done,
+    paired,
+    predictions_path,
+)
 from prism_jax.prompts import RenderStyle
 
 
@@ -109,6 +116,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--data-dir", default=None, help="shared data dir (default ../shared/data)")
     p.add_argument("--out", default="eval-out", help="output directory (resumes a run there)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="no engine: report on the predictions already in --out (a run cut short)",
+    )
     return p.parse_args(argv)
 
 
@@ -129,12 +141,16 @@ def main(argv: list[str] | None = None) -> int:
         f"variants {', '.join(v.name for v in variants)}",
         file=sys.stderr,
     )
-    t = time.perf_counter()
-    engines = {p: Engine.from_pretrained(args.model, precision=p) for p in precisions}
-    print(f"loaded {len(engines)} engines in {time.perf_counter() - t:.1f} s", file=sys.stderr)
-    runner = Runner(engines, variants, args.budget)
-    max_seconds = args.max_minutes * 60 if args.max_minutes else None
-    result = runner.run(sample, out, progress=not args.no_progress, max_seconds=max_seconds)
+    if args.report_only:  # the predictions already in --out, no engine
+        probs = {v.name: load_done(predictions_path(out, v)) for v in variants}
+        result = RunResult(probs, {}, {}, 0)
+    else:
+        t = time.perf_counter()
+        engines = {p: Engine.from_pretrained(args.model, precision=p) for p in precisions}
+        print(f"loaded {len(engines)} engines in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        runner = Runner(engines, variants, args.budget)
+        max_seconds = args.max_minutes * 60 if args.max_minutes else None
+        result = runner.run(sample, out, progress=not args.no_progress, max_seconds=max_seconds)
     decided = paired(sample, result)
     info = {
         "model": args.model,
@@ -151,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         "available": len(items),
         "unlabelled": len(skipped),
         "stopped_early": result.stopped_early,
+        "report_only": args.report_only,
     }
     summary = report.summarize(decided, variants, result, info)
     report.write(out, summary)

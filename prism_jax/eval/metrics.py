@@ -27,6 +27,17 @@ def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def mcnemar_p(fixed: int, broke: int) -> float:
+    """Exact two-sided McNemar test: the probability, if a change of variant were as likely to
+    fix a decision as to break one, of a split at least this uneven (binomial, p = 1/2)."""
+    n = fixed + broke
+    if n == 0:
+        return 1.0
+    k = min(fixed, broke)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
 def top(probs: Sequence[float]) -> int:
     return int(np.argmax(np.asarray(probs, np.float64)))
 
@@ -110,7 +121,8 @@ def agreement(
 ) -> dict[str, float]:
     """How far run b's decisions are from run a's on the same items: flips (the top option
     changes) with their rate and Wilson interval, mean and max |dp|; with gold, also the
-    accuracy difference b - a and how many flips fixed or broke a decision."""
+    accuracy difference b - a, how many flips fixed or broke a decision, and the exact McNemar
+    p-value of that split."""
     flips, dps = 0, []
     fixed = broke = 0
     for i, (p, q) in enumerate(zip(a, b, strict=True)):
@@ -138,6 +150,7 @@ def agreement(
                 "fixed": fixed,
                 "broke": broke,
                 "accuracy_delta": (fixed - broke) / n if n else float("nan"),
+                "mcnemar_p": mcnemar_p(fixed, broke),
             }
         )
     return out

@@ -129,7 +129,12 @@ def markdown(summary: dict[str, Any]) -> str:
         f"Engine commit {summary.get('commit', '?')}; seed {summary.get('seed')}; "
         f"{summary['decisions']} decisions decided by every variant"
         + (f"; {len(summary['failed'])} refused" if summary["failed"] else "")
-        + ("; **run stopped early (time limit)**" if summary.get("stopped_early") else ""),
+        + (
+            f"; **only {summary['decisions']} of the {summary['sampled']} sampled items were "
+            "decided (run cut short)**"
+            if summary["decisions"] < summary.get("sampled", 0)
+            else ""
+        ),
         "",
         "## Accuracy (%) with 95 % Wilson intervals",
         "",
@@ -158,15 +163,16 @@ def markdown(summary: dict[str, Any]) -> str:
         "## Agreement between variants (same items)",
         "",
         "| pair | flips | flip rate % [95 %] | mean abs dp | max abs dp | accuracy delta (points) "
-        "| fixed / broke |",
-        "|---|---:|---|---:|---:|---:|---:|",
+        "| fixed / broke | McNemar p |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
     ]
     for key, pair in summary["pairs"].items():
         a = pair["overall"]
         lines.append(
             f"| {key} | {a['flips']}/{a['n']} | {_pct(a['flip_rate'])} [{_pct(a['flip_lo'])}, "
             f"{_pct(a['flip_hi'])}] | {a['mean_dp']:.5f} | {a['max_dp']:.5f} | "
-            f"{100 * a['accuracy_delta']:+.3f} | {a['fixed']} / {a['broke']} |"
+            f"{100 * a['accuracy_delta']:+.3f} | {a['fixed']} / {a['broke']} | "
+            f"{a['mcnemar_p']:.2g} |"
         )
     if summary["pairs"]:
         lines += [

@@ -63,3 +63,10 @@ def test_agreement_counts_flips_dp_and_their_effect_on_accuracy():
     # item 0: b fixes it; item 3: b breaks it
     assert (out["fixed"], out["broke"], out["accuracy_delta"]) == (1, 1, 0.0)
     assert metrics.agreement(a, a)["flips"] == 0 and "fixed" not in metrics.agreement(a, a)
+
+
+def test_mcnemar_exact_by_hand():
+    # 1 fixed, 4 broke: P(X <= 1) for Bin(5, 1/2) = 6/32, two-sided 12/32
+    assert metrics.mcnemar_p(1, 4) == pytest.approx(12 / 32)
+    assert metrics.mcnemar_p(3, 3) == 1.0 and metrics.mcnemar_p(0, 0) == 1.0
+    assert metrics.mcnemar_p(0, 10) == pytest.approx(2 / 1024)
