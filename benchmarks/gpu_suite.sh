@@ -5,7 +5,8 @@
 # Results land in $OUT (or benchmarks/results/ when OUT is unset).
 # Optional environment:
 #   PREBUILT=path/_prism_ops*.so  use an extension built elsewhere if it imports (else build)
-#   TESTS="..."                   pytest targets (default: tests/ops tests/test_extension.py)
+#   TESTS="..."                   pytest targets (default: tests/ops tests/test_extension.py
+#                                 tests/test_determinism.py: the forest invariances on the GPU)
 #   REPORT=0                      skip the CUDA-vs-CPU report
 #   GEMM_BENCH="--sweep ..."      then run benchmarks/gemm_bench.py with these arguments
 #                                 (results in $OUT/gemm.jsonl and $OUT/gemm.md)
@@ -48,7 +49,7 @@ else
 fi
 
 echo "## op tests (CPU + CUDA)"
-$PY -m pytest -q -n 4 -p no:cacheprovider ${TESTS:-tests/ops tests/test_extension.py} \
+$PY -m pytest -q -n 4 -p no:cacheprovider ${TESTS:-tests/ops tests/test_extension.py tests/test_determinism.py} \
   --junitxml="$OUT/pytest.xml" 2>&1 | tail -25 | tee "$OUT/pytest.txt"
 test_rc=${PIPESTATUS[0]}
 
