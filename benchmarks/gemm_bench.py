@@ -243,19 +243,20 @@ def _time_int_mm(torch, xs, ws, runs) -> list[float]:
     return per_op
 
 
-def copy_bandwidth(emit, runs, size=2 << 30):
-    """XLA elementwise x + 1 over 2 GiB of int8: bytes read + written per second."""
-    x = jnp.zeros((size,), jnp.int8) + jnp.int8(3)
+def copy_bandwidth(emit, runs, size=1 << 30):
+    """XLA elementwise x_i + 1 over 1 GiB of int8, each call its own x_i (with one shared input,
+    XLA fuses the calls into one multi-output kernel that reads x once): read + written bytes."""
     reps = 4
-    fn = jax.jit(lambda a: [a + jnp.int8(i + 1) for i in range(reps)])
-    per_op = time_jax(fn, (x,), reps, runs)
+    xs = [jnp.full((size,), i + 3, jnp.int8) for i in range(reps)]
+    fn = jax.jit(lambda *a: [x + jnp.int8(1) for x in a])
+    per_op = time_jax(fn, tuple(xs), reps, runs)
     s = stats(per_op)
     emit(
         {
             "impl": "xla_copy",
-            "bytes": 2 * x.size,
+            "bytes": 2 * size,
             **s,
-            "tbps": 2 * x.size / (s["median_us"] * 1e-6) / 1e12,
+            "tbps": 2 * size / (s["median_us"] * 1e-6) / 1e12,
         }
     )
 
@@ -294,6 +295,50 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def forced_table(rows: list[dict]) -> str:
+    """Every forced kernel's median TOP/s (weight TB/s at M <= 16) per shape and M."""
+    by, names = {}, []
+    for r in rows:
+        if "median_us" in r and r.get("impl", "").startswith("prism"):
+            by.setdefault((r["shape"], r["M"]), {})[r["impl"]] = r
+            if r["impl"] not in names:
+                names.append(r["impl"])
+    names.sort(key=lambda v: (v != "prism", v))
+    lines = ["| shape | M | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for (shape, m), d in by.items():
+        if len(d) < 2:
+            continue
+        cells = []
+        for v in names:
+            r = d.get(v)
+            cells.append(
+                ""
+                if r is None
+                else f"{r['tops']:.0f}"
+                if m > 16
+                else f"{r['weight_tbps']:.2f} TB/s"
+            )
+        lines.append(f"| {shape} | {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown(rows: list[dict], command: str) -> str:
+    meta = next((r["meta"] for r in rows if "meta" in r), {})
+    copy = next((r for r in rows if r.get("impl") == "xla_copy"), None)
+    runs = next((r["runs"] for r in rows if "runs" in r), "?")
+    head = (
+        f"# int8 GEMM on {meta.get('device')} ({meta.get('date')}, jax {meta.get('jax')})\n\n"
+        f"`{command}`\n\nMedian over {runs} timed runs after warm-up (per-op time of a run of R "
+        "calls, each on its own inputs). TOP/s = 2·M·N·K / t; weight TB/s = N·K bytes / t. "
+    )
+    if copy:
+        head += f"XLA copy in this run: {copy['tbps']:.2f} TB/s (read + written bytes). "
+    return (
+        head + "\n\n" + table(rows) + "\n## Forced kernels (prism = the dispatch at run time)"
+        "\n\nTOP/s, or weight TB/s at M <= 16.\n\n" + forced_table(rows)
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="benchmarks/results/gemm_h200")
@@ -304,7 +349,28 @@ def main() -> int:
     parser.add_argument("--ms", default=",".join(map(str, MS)))
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--platform", default="gpu", help="cpu: a smoke test of this script")
+    parser.add_argument("--render", help="only write gemm.md (to --out) from this gemm.jsonl")
+    parser.add_argument("--render-command", help="with --render: the command that made it")
+    parser.add_argument(
+        "--graphs",
+        action="store_true",
+        help="XLA command buffers for every custom call and cuBLAS call, even single ones "
+        "(without them each call costs ~20 µs of host dispatch, the floor seen at small M)",
+    )
     args = parser.parse_args()
+    if args.render:
+        rows = [json.loads(line) for line in open(args.render)]  # noqa: SIM115
+        command = args.render_command or "python3 benchmarks/gemm_bench.py"
+        pathlib.Path(args.out, "gemm.md").write_text(markdown(rows, command))
+        return 0
+    if args.graphs:  # read when the backend starts, so before the first device use
+        os.environ["XLA_FLAGS"] = " ".join(
+            [
+                os.environ.get("XLA_FLAGS", ""),
+                "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL",
+                "--xla_gpu_graph_min_graph_size=1",
+            ]
+        ).strip()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shapes = {s: {**SHAPES, **SMOKE}[s] for s in args.shapes.split(",")}
@@ -335,7 +401,7 @@ def main() -> int:
 
     emit({"meta": meta})
     with jax.default_device(gpu):
-        copy_bandwidth(emit, args.runs, 2 << 30 if args.platform == "gpu" else 1 << 20)
+        copy_bandwidth(emit, args.runs, 1 << 30 if args.platform == "gpu" else 1 << 20)
         key = jax.random.key(0)
         for name, (n, k) in shapes.items():
             sweep = set(map(int, args.sweep_ms.split(","))) if args.sweep_ms else set(ms)
@@ -344,17 +410,7 @@ def main() -> int:
     if not args.no_torch:
         bench_torch(shapes, ms, args.runs, emit)
     sink.close()
-    copy = next((r for r in rows if r.get("impl") == "xla_copy"), None)
-    md = (
-        f"# int8 GEMM on {meta['device']} ({meta['date']}, commit {meta['commit']}, "
-        f"jax {meta['jax']})\n\n`python3 benchmarks/gemm_bench.py {' '.join(sys.argv[1:])}`\n\n"
-        f"Median over {args.runs} timed runs after warm-up (per-op time of a run of R calls on "
-        "distinct inputs per call). TOP/s = 2·M·N·K / t; weight TB/s = N·K bytes / t. "
-        f"Copy bandwidth (XLA x+1, read+write) in this run: "
-        f"{copy['tbps']:.2f} TB/s.\n\n"
-        if copy
-        else "\n"
-    ) + table(rows)
+    md = markdown(rows, "python3 benchmarks/gemm_bench.py " + " ".join(sys.argv[1:]))
     (out / "gemm.md").write_text(md)
     print(md)
     return 0

@@ -6,8 +6,8 @@ rmsnorm_quant (D = 5376) and glu_quant (F = 21504, gelu_tanh) at M tokens, candi
 (R rows x C = 16 candidates, gathered rows of a 262,208 x 5376 bf16 embedding) and
 vocab_logsumexp (the whole embedding streamed once per call). Bytes = every input read once plus
 every output written once; timed like gemm_bench.py (R calls per jitted run, each on its own
-inputs; median and min-max over --runs). Copy: XLA x + 1 over 2 GiB, bytes read + written.
-Writes ops_bandwidth.jsonl under --out.
+inputs; median and min-max over --runs). Copy: XLA x_i + 1 over 1 GiB (own input per call),
+bytes read + written. Writes ops_bandwidth.jsonl under --out.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 //
 // One kernel per call, picked from M (kBuckets below, chosen from measurements on an H200:
 // benchmarks/results/gemm_h200/):
-//   M <= 16            the weight-streaming decode kernel (int8_gemm_decode.cu)
+//   M <= 8             the weight-streaming decode kernel (int8_gemm_decode.cu)
 //   larger M           a CUTLASS SM90 kernel (int8_gemm_sm90_*.cu), tile by M bucket
 //   anything else      (K % 16 != 0, unaligned rows or pointers) the shared-memory __dp4a
 //                      kernel below, correct for any M, K, N.
@@ -140,6 +140,11 @@ cudaError_t LaunchSimt(cudaStream_t stream, const int8_t* x, const float* sx, co
 
 // What runs for M up to max_m (buckets in increasing order; the last one is open-ended).
 // decode_rows > 0: the decode kernel with that many weight rows per block; else `tile`.
+// From the H200 sweep (benchmarks/results/gemm_h200/README.md): M = 1: decode32 best or tied;
+// M = 16: the decode kernel streamed gate_up at 2.3 TB/s where the swapped CUTLASS tile, at
+// M = 64 already, did 2.8 (it only gets faster with fewer tokens); M = 64: swapped tile best;
+// M = 1024: ping-pong 64x256 best or tied on three shapes of four; M = 4096: only 128x256 was
+// measured. M = 256 and 416 were not swept.
 struct Bucket {
   int64_t max_m;
   int decode_rows;
@@ -147,15 +152,14 @@ struct Bucket {
 };
 constexpr Bucket kBucketsF32[] = {
     {8, 32, Sm90Tile::kSwap128x64},
-    {16, 16, Sm90Tile::kSwap128x64},
     {64, 0, Sm90Tile::kSwap128x64},
     {512, 0, Sm90Tile::kCoop128x128},
+    {2048, 0, Sm90Tile::kPing64x256},
     {INT64_MAX, 0, Sm90Tile::kCoop128x256},
 };
-// bf16 output has two CUTLASS tiles built (int8_gemm_sm90_bf16.cu).
+// bf16 output has two CUTLASS tiles built (int8_gemm_sm90_bf16.cu); not measured separately.
 constexpr Bucket kBucketsBf16[] = {
     {8, 32, Sm90Tile::kSwap128x64},
-    {16, 16, Sm90Tile::kSwap128x64},
     {128, 0, Sm90Tile::kSwap128x64},
     {INT64_MAX, 0, Sm90Tile::kCoop128x256},
 };
