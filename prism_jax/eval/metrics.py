@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -116,20 +117,34 @@ def calibration(probs: Sequence[Sequence[float]], gold: Sequence[int], bins: int
     }
 
 
+MARGIN_EDGES = (0.0, 0.01, 0.05, 0.1, 0.2, 1.0)  # reference top-1 minus top-2 probability
+
+
+def margin(probs: Sequence[float]) -> float:
+    """Top probability minus the runner-up (1 for a single option)."""
+    p = np.sort(np.asarray(probs, np.float64))[::-1]
+    return float(p[0] - p[1]) if len(p) > 1 else 1.0
+
+
 def agreement(
     a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], gold: Sequence[int] | None = None
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """How far run b's decisions are from run a's on the same items: flips (the top option
     changes) with their rate and Wilson interval, mean and max |dp|; with gold, also the
     accuracy difference b - a, how many flips fixed or broke a decision, and the exact McNemar
-    p-value of that split."""
+    p-value of that split. "by_margin" splits decisions by run a's margin (MARGIN_EDGES):
+    thin margins flip under any perturbation, wide ones should not."""
     flips, dps = 0, []
     fixed = broke = 0
+    bins = [[0, 0] for _ in MARGIN_EDGES[:-1]]  # [decisions, flips] per margin bin
     for i, (p, q) in enumerate(zip(a, b, strict=True)):
         p64, q64 = np.asarray(p, np.float64), np.asarray(q, np.float64)
         dps.append(float(np.max(np.abs(p64 - q64))))
+        k = min(int(np.searchsorted(MARGIN_EDGES, margin(p64), side="right")) - 1, len(bins) - 1)
+        bins[k][0] += 1
         if top(p64) != top(q64):
             flips += 1
+            bins[k][1] += 1
             if gold is not None:
                 fixed += top(q64) == gold[i]
                 broke += top(p64) == gold[i]
@@ -143,6 +158,10 @@ def agreement(
         "flip_hi": hi,
         "mean_dp": float(np.mean(dps)) if dps else float("nan"),
         "max_dp": float(np.max(dps)) if dps else float("nan"),
+        "by_margin": [
+            {"lo": MARGIN_EDGES[j], "hi": MARGIN_EDGES[j + 1], "n": n_j, "flips": f_j}
+            for j, (n_j, f_j) in enumerate(bins)
+        ],
     }
     if gold is not None:
         out.update(

@@ -188,6 +188,19 @@ def markdown(summary: dict[str, Any]) -> str:
                 for p in summary["pairs"].values()
             ]
             lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    if summary["pairs"]:
+        first = next(iter(summary["pairs"].values()))["overall"]["by_margin"]
+        heads = [f"{b['lo']:g}-{b['hi']:g}" for b in first]
+        lines += [
+            "",
+            "Flips by the reference's margin (top-1 minus top-2 probability): flips/decisions",
+            "",
+            "| pair | " + " | ".join(heads) + " |",
+            "|---|" + "---:|" * len(heads),
+        ]
+        for key, pair in summary["pairs"].items():
+            cells = [f"{b['flips']}/{b['n']}" for b in pair["overall"]["by_margin"]]
+            lines.append(f"| {key} | " + " | ".join(cells) + " |")
     if summary["targets"]:
         lines += [
             "",

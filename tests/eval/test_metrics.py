@@ -63,6 +63,10 @@ def test_agreement_counts_flips_dp_and_their_effect_on_accuracy():
     # item 0: b fixes it; item 3: b breaks it
     assert (out["fixed"], out["broke"], out["accuracy_delta"]) == (1, 1, 0.0)
     assert metrics.agreement(a, a)["flips"] == 0 and "fixed" not in metrics.agreement(a, a)
+    # reference margins 0.6 - 0.4 (just under 0.2 in floating point) twice, 0.8 and 0.02
+    by = {(b["lo"], b["hi"]): (b["n"], b["flips"]) for b in out["by_margin"]}
+    assert by[(0.1, 0.2)] == (2, 1) and by[(0.2, 1.0)] == (1, 0) and by[(0.01, 0.05)] == (1, 1)
+    assert by[(0.0, 0.01)] == (0, 0)
 
 
 def test_mcnemar_exact_by_hand():
