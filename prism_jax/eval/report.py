@@ -119,9 +119,15 @@ def _acc(s: dict) -> str:
     return f"{_pct(s['accuracy'])} [{_pct(s['lo'])}, {_pct(s['hi'])}]"
 
 
-def markdown(summary: dict[str, Any]) -> str:
-    names = summary["variants"]
-    lines = [
+def _table(head: list[str], align: list[str], rows: list[list[Any]]) -> list[str]:
+    """Markdown table lines; align holds one "---" or "---:" per column."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
+    return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
+def _header(summary: dict[str, Any]) -> list[str]:
+    cut = summary["decisions"] < summary.get("sampled", 0)
+    return [
         f"# Accuracy: {summary.get('model', '?')}",
         "",
         f"Command: `{summary.get('command', '')}`",
@@ -132,95 +138,144 @@ def markdown(summary: dict[str, Any]) -> str:
         + (
             f"; **only {summary['decisions']} of the {summary['sampled']} sampled items were "
             "decided (run cut short)**"
-            if summary["decisions"] < summary.get("sampled", 0)
+            if cut
             else ""
         ),
-        "",
+    ]
+
+
+def _accuracy(summary: dict[str, Any]) -> list[str]:
+    names = summary["variants"]
+    rows = []
+    for name, per in [*summary["per_set"].items(), ("**overall**", summary["overall"])]:
+        n = next(iter(per.values()))["n"] if per else 0
+        rows.append([name, n, *(_acc(per[v]) for v in names)])
+    head = ["set", "n", *names]
+    return [
         "## Accuracy (%) with 95 % Wilson intervals",
         "",
-        "| set | n | " + " | ".join(names) + " |",
-        "|---|---:|" + "---|" * len(names),
+        *_table(head, ["---", "---:"] + ["---"] * len(names), rows),
     ]
-    rows = list(summary["per_set"].items()) + [("**overall**", summary["overall"])]
-    for name, per in rows:
-        n = next(iter(per.values()))["n"] if per else 0
-        lines.append(f"| {name} | {n} | " + " | ".join(_acc(per[v]) for v in names) + " |")
-    lines += [
-        "",
+
+
+def _calibration(summary: dict[str, Any]) -> list[str]:
+    rows = []
+    for v in summary["variants"]:
+        s = summary["overall"][v]
+        rows.append(
+            [
+                v,
+                f"{s['ece']:.4f}",
+                f"{s['brier']:.4f}",
+                f"{s['mean_confidence']:.4f}",
+                _pct(s["accuracy"]),
+            ]
+        )
+    head = ["variant", "ECE (10 bins)", "Brier", "mean confidence", "accuracy"]
+    return [
         "## Calibration (overall; confidence = top option probability)",
         "",
-        "| variant | ECE (10 bins) | Brier | mean confidence | accuracy |",
-        "|---|---:|---:|---:|---:|",
+        *_table(head, ["---"] + ["---:"] * 4, rows),
     ]
-    for v in names:
-        s = summary["overall"][v]
-        lines.append(
-            f"| {v} | {s['ece']:.4f} | {s['brier']:.4f} | {s['mean_confidence']:.4f} "
-            f"| {_pct(s['accuracy'])} |"
+
+
+def _agreement(summary: dict[str, Any]) -> list[str]:
+    pairs = summary["pairs"]
+    rows = []
+    for key, pair in pairs.items():
+        a = pair["overall"]
+        rows.append(
+            [
+                key,
+                f"{a['flips']}/{a['n']}",
+                f"{_pct(a['flip_rate'])} [{_pct(a['flip_lo'])}, {_pct(a['flip_hi'])}]",
+                f"{a['mean_dp']:.5f}",
+                f"{a['max_dp']:.5f}",
+                f"{100 * a['accuracy_delta']:+.3f}",
+                f"{a['fixed']} / {a['broke']}",
+                f"{a['mcnemar_p']:.2g}",
+            ]
         )
-    lines += [
-        "",
+    head = [
+        "pair",
+        "flips",
+        "flip rate % [95 %]",
+        "mean abs dp",
+        "max abs dp",
+        "accuracy delta (points)",
+        "fixed / broke",
+        "McNemar p",
+    ]
+    lines = [
         "## Agreement between variants (same items)",
         "",
-        "| pair | flips | flip rate % [95 %] | mean abs dp | max abs dp | accuracy delta (points) "
-        "| fixed / broke | McNemar p |",
-        "|---|---:|---|---:|---:|---:|---:|---:|",
+        *_table(head, ["---", "---:", "---"] + ["---:"] * 5, rows),
     ]
-    for key, pair in summary["pairs"].items():
-        a = pair["overall"]
-        lines.append(
-            f"| {key} | {a['flips']}/{a['n']} | {_pct(a['flip_rate'])} [{_pct(a['flip_lo'])}, "
-            f"{_pct(a['flip_hi'])}] | {a['mean_dp']:.5f} | {a['max_dp']:.5f} | "
-            f"{100 * a['accuracy_delta']:+.3f} | {a['fixed']} / {a['broke']} | "
-            f"{a['mcnemar_p']:.2g} |"
-        )
-    if summary["pairs"]:
-        lines += [
-            "",
-            "Flip rate per set:",
-            "",
-            "| set | " + " | ".join(summary["pairs"]) + " |",
-            "|---|" + "---:|" * len(summary["pairs"]),
+    if not pairs:
+        return lines
+    per_set = [
+        [s, *(f"{p['per_set'][s]['flips']}/{p['per_set'][s]['n']}" for p in pairs.values())]
+        for s in summary["per_set"]
+    ]
+    margins = next(iter(pairs.values()))["overall"]["by_margin"]
+    by_margin = [
+        [key, *(f"{b['flips']}/{b['n']}" for b in pair["overall"]["by_margin"])]
+        for key, pair in pairs.items()
+    ]
+    return [
+        *lines,
+        "",
+        "Flip rate per set:",
+        "",
+        *_table(["set", *pairs], ["---"] + ["---:"] * len(pairs), per_set),
+        "",
+        "Flips by the reference's margin (top-1 minus top-2 probability): flips/decisions",
+        "",
+        *_table(
+            ["pair", *(f"{b['lo']:g}-{b['hi']:g}" for b in margins)],
+            ["---"] + ["---:"] * len(margins),
+            by_margin,
+        ),
+    ]
+
+
+def _targets(summary: dict[str, Any]) -> list[str]:
+    def verdict(ok: bool) -> str:
+        return "holds" if ok else "MISSED"
+
+    rows = [
+        [
+            t["style"],
+            f"{t['accuracy_gap_points']:.3f} ({verdict(t['accuracy_gap_holds'])})",
+            f"{_pct(t['flip_int8_vs_fp32'])} % vs {_pct(t['flip_bf16_vs_fp32'])} % "
+            f"({verdict(t['flip_holds'])})",
         ]
-        for s in summary["per_set"]:
-            cells = [
-                f"{p['per_set'][s]['flips']}/{p['per_set'][s]['n']}"
-                for p in summary["pairs"].values()
-            ]
-            lines.append(f"| {s} | " + " | ".join(cells) + " |")
-    if summary["pairs"]:
-        first = next(iter(summary["pairs"].values()))["overall"]["by_margin"]
-        heads = [f"{b['lo']:g}-{b['hi']:g}" for b in first]
-        lines += [
-            "",
-            "Flips by the reference's margin (top-1 minus top-2 probability): flips/decisions",
-            "",
-            "| pair | " + " | ".join(heads) + " |",
-            "|---|" + "---:|" * len(heads),
-        ]
-        for key, pair in summary["pairs"].items():
-            cells = [f"{b['flips']}/{b['n']}" for b in pair["overall"]["by_margin"]]
-            lines.append(f"| {key} | " + " | ".join(cells) + " |")
+        for t in summary["targets"]
+    ]
+    head = [
+        "style",
+        "abs(int8 - bf16) accuracy, points (<= 0.03)",
+        "flip int8~fp32 <= flip bf16~fp32",
+    ]
+    return ["## Targets", "", *_table(head, ["---"] * 3, rows)]
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    lines = [
+        *_header(summary),
+        "",
+        *_accuracy(summary),
+        "",
+        *_calibration(summary),
+        "",
+        *_agreement(summary),
+    ]
     if summary["targets"]:
-        lines += [
-            "",
-            "## Targets",
-            "",
-            "| style | abs(int8 - bf16) accuracy, points (<= 0.03) | "
-            "flip int8~fp32 <= flip bf16~fp32 |",
-            "|---|---|---|",
-        ]
-        for t in summary["targets"]:
-            lines.append(
-                f"| {t['style']} | {t['accuracy_gap_points']:.3f} "
-                f"({'holds' if t['accuracy_gap_holds'] else 'MISSED'}) | "
-                f"{_pct(t['flip_int8_vs_fp32'])} % vs {_pct(t['flip_bf16_vs_fp32'])} % "
-                f"({'holds' if t['flip_holds'] else 'MISSED'}) |"
-            )
+        lines += ["", *_targets(summary)]
     if summary.get("seconds"):
         lines += [
             "",
-            "Engine seconds per variant (this process; CPU timings swing with load): "
+            "Engine seconds per variant (this process; timings swing with machine load): "
             + ", ".join(f"{k} {v:.0f} s" for k, v in summary["seconds"].items()),
         ]
     lines += [

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -138,13 +138,35 @@ class Runner:
         finally:
             engine.renderer = default
 
+    @staticmethod
+    def _record(
+        variant: Variant,
+        chosen: Sequence[Sequence[Item]],
+        answers: Sequence[Any],
+        probs: dict[str, list[float]],
+        failed: dict[str, str],
+        sink: Any,
+    ) -> None:
+        """Option probabilities of one variant's step into probs (and the sink), refusals into
+        failed."""
+        for group, response in zip(chosen, answers, strict=True):
+            for it in group:
+                if isinstance(response, Exception):
+                    failed[it.id] = f"{variant.name}: {response}"
+                    continue
+                p = answer_probs(it.parsed(), response["answers"][it.id])
+                probs[it.id] = p
+                if sink:
+                    sink.write(json.dumps({"id": it.id, "probs": p}) + "\n")
+        if sink:
+            sink.flush()
+
     def run(
         self,
         items: Sequence[Item],
         out: Path | None = None,
         progress: bool = True,
         max_seconds: float | None = None,
-        on_step: Callable[[int], None] | None = None,
     ) -> RunResult:
         files = {}
         probs: dict[str, dict[str, list[float]]] = {}
@@ -180,22 +202,10 @@ class Runner:
                     t = time.perf_counter()
                     answers = self._decide(v, chosen)
                     seconds[v.name] += time.perf_counter() - t
-                    for group, response in zip(chosen, answers, strict=True):
-                        for it in group:
-                            if isinstance(response, Exception):
-                                failed[it.id] = f"{v.name}: {response}"
-                                continue
-                            p = answer_probs(it.parsed(), response["answers"][it.id])
-                            probs[v.name][it.id] = p
-                            if out:
-                                files[v.name].write(json.dumps({"id": it.id, "probs": p}) + "\n")
-                    if out:
-                        files[v.name].flush()
+                    self._record(v, chosen, answers, probs[v.name], failed, files.get(v.name))
                 n = sum(len(g) for g in chosen)
                 decided += sum(it.id not in failed for g in chosen for it in g)
                 bar.update(n)
-                if on_step:
-                    on_step(n)
         finally:
             bar.close()
             for f in files.values():
