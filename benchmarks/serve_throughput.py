@@ -52,7 +52,7 @@ def percentile(xs: list[float], q: float) -> float:
 
 def measure(args: argparse.Namespace, concurrency: int) -> dict:
     key = os.environ.get(args.key_env)
-    backend, latencies = timed_backend(args.url, args.model, key, concurrency)
+    backend, latencies = timed_backend(args.url, args.model, key, concurrency, args.timeout)
     load_before = os.getloadavg()
     start = time.perf_counter()
     report = jb.evaluate(
@@ -108,6 +108,13 @@ def main() -> None:
     p.add_argument("--suite", default="jevbench-mini")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
     p.add_argument("--max-requests", type=int, help="stop each run after this many requests")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=180.0,
+        help="client seconds per request (jevbench's default 180); a request that "
+        "times out is sent again, which adds load: set it above the worst latency",
+    )
     p.add_argument("--out", default="benchmarks/results/serve_cpu")
     args = p.parse_args()
     rows = []

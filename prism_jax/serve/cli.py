@@ -30,7 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    a = p.add_argument
+    _model_flags(p.add_argument)
+    _server_flags(p.add_argument)
+    return p
+
+
+def _model_flags(a: Any) -> None:
     a(
         "--model",
         default="default",
@@ -49,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="int8 (W8A8, reproducible "
         "probabilities) or bf16 (the accuracy reference) (default: %(default)s)",
     )
+
+
+def _server_flags(a: Any) -> None:
     a(
         "--host",
         default="127.0.0.1",
@@ -120,7 +128,6 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["debug", "info", "warning", "error"],
         help="server log level (default: %(default)s)",
     )
-    return p
 
 
 def config_from_args(args: argparse.Namespace, today: datetime.date) -> ServeConfig:
