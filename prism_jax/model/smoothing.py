@@ -198,6 +198,7 @@ class _Recorder:
 
 
 def _absmax_pass(params, config: ModelConfig, tokens, positions, mask, valid) -> dict:
+    from prism_jax.model.attention_backends import MaskedAttention  # noqa: PLC0415
     from prism_jax.model.transformer import bind  # noqa: PLC0415 (transformer imports are heavy)
 
     model = bind(params, config)
@@ -210,7 +211,7 @@ def _absmax_pass(params, config: ModelConfig, tokens, positions, mask, valid) ->
             (layer.mlp, "down", "down"),
         ):
             setattr(owner, attr, _Recorder(getattr(owner, attr), f"{i}.{proj}", sink, valid))
-    model(tokens, positions, mask)
+    model(tokens, positions, MaskedAttention(config, positions, mask))
     return sink
 
 
