@@ -26,9 +26,13 @@ from pathlib import Path
 import jevbench as jb
 
 
-def timed_backend(url: str, model: str, key: str | None, concurrency: int):
+def timed_backend(url: str, model: str, key: str | None, concurrency: int, timeout: float):
     backend = jb.systemone(
-        url.rstrip("/") + "/v1/systemone", model, api_key=key, per_replica=concurrency
+        url.rstrip("/") + "/v1/systemone",
+        model,
+        api_key=key,
+        per_replica=concurrency,
+        timeout=timeout,
     )
     latencies: list[float] = []
     lock = threading.Lock()
