@@ -29,8 +29,18 @@ STATE = (
     "refunded before my rent is due on Friday. I also could not log in to the billing page "
     "yesterday; it said my session expired. Please help, this is the second time this year."
 )
-TOPICS = ["billing", "login", "refunds", "shipping", "privacy", "pricing", "outage", "fraud",
-          "cancellation", "upgrade"]
+TOPICS = [
+    "billing",
+    "login",
+    "refunds",
+    "shipping",
+    "privacy",
+    "pricing",
+    "outage",
+    "fraud",
+    "cancellation",
+    "upgrade",
+]
 
 
 def questions(n: int) -> dict:
@@ -41,8 +51,11 @@ def questions(n: int) -> dict:
         kind = ("choice", "noul", "score")[i % 3]
         text = f"Regarding {topic} (check {i}), what applies to this ticket?"
         if kind == "choice":
-            q = {"type": "choice", "instructions": text,
-                 "criteria": {"yes": None, "no": None, "unclear": None}}
+            q = {
+                "type": "choice",
+                "instructions": text,
+                "criteria": {"yes": None, "no": None, "unclear": None},
+            }
         elif kind == "noul":
             q = {"type": "noul", "instructions": f"Is the ticket about {topic}? (check {i})"}
         else:
@@ -54,8 +67,10 @@ def questions(n: int) -> dict:
 def long_state(engine: Engine, target_tokens: int) -> str:
     lines, i = [], 0
     while len(engine.tokenizer.encode(" ".join(lines), add_bos=False)) < target_tokens:
-        lines.append(f"[{i // 60:02d}:{i % 60:02d}] worker-{i % 7} processed batch {i} "
-                     f"({(i * 37) % 900} ms, {(i * 13) % 50} retries).")
+        lines.append(
+            f"[{i // 60:02d}:{i % 60:02d}] worker-{i % 7} processed batch {i} "
+            f"({(i * 37) % 900} ms, {(i * 13) % 50} retries)."
+        )
         i += 1
     return " ".join(lines)
 
@@ -70,8 +85,12 @@ def timed(fn, runs: int) -> tuple[list[float], object]:
 
 
 def stats(times: list[float]) -> dict:
-    return {"median_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times),
-            "max_ms": 1e3 * max(times), "runs": len(times)}
+    return {
+        "median_ms": 1e3 * statistics.median(times),
+        "min_ms": 1e3 * min(times),
+        "max_ms": 1e3 * max(times),
+        "runs": len(times),
+    }
 
 
 def forest_vs_separate(engine: Engine, n: int, runs: int) -> dict:
@@ -92,10 +111,15 @@ def forest_vs_separate(engine: Engine, n: int, runs: int) -> dict:
     forest()  # warm-up
     t_forest, result = timed(forest, runs)
     t_sep, sep_tokens = timed(separate, max(1, runs // 2) if n >= 50 else runs)
-    return {"scenario": f"one state + {n} questions", "forest": stats(t_forest),
-            "forest_tokens": result.computed_tokens, "forest_steps": result.steps,
-            "separate": stats(t_sep), "separate_tokens": sep_tokens,
-            "speedup": statistics.median(t_sep) / statistics.median(t_forest)}
+    return {
+        "scenario": f"one state + {n} questions",
+        "forest": stats(t_forest),
+        "forest_tokens": result.computed_tokens,
+        "forest_steps": result.steps,
+        "separate": stats(t_sep),
+        "separate_tokens": sep_tokens,
+        "speedup": statistics.median(t_sep) / statistics.median(t_forest),
+    }
 
 
 def engine_parse(qs: dict):
@@ -120,10 +144,14 @@ def follow_up(engine: Engine, runs: int) -> dict:
     t_cached, r = timed(cached, runs)
     t_cold, r_cold = timed(cold, runs)
     assert r["answers"] == r_cold["answers"], "cache hit and cold run must agree bit for bit"
-    return {"scenario": "follow-up question on a cached state",
-            "state_tokens": r["x_cached_tokens"], "input_tokens": r["usage"]["input_tokens"],
-            "cached": stats(t_cached), "cold": stats(t_cold),
-            "speedup": statistics.median(t_cold) / statistics.median(t_cached)}
+    return {
+        "scenario": "follow-up question on a cached state",
+        "state_tokens": r["x_cached_tokens"],
+        "input_tokens": r["usage"]["input_tokens"],
+        "cached": stats(t_cached),
+        "cold": stats(t_cold),
+        "speedup": statistics.median(t_cold) / statistics.median(t_cached),
+    }
 
 
 def main() -> None:
@@ -134,10 +162,15 @@ def main() -> None:
     engine = Engine.from_pretrained("default", precision="int8", warmup=True)
     rows = [forest_vs_separate(engine, n, args.runs) for n in (3, 10, 50)]
     rows.append(follow_up(engine, args.runs))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                            capture_output=True).stdout.strip()
-    meta = {"machine": platform.processor() or platform.machine(), "commit": commit,
-            "date": time.strftime("%Y-%m-%d"), "model": "default (Gemma 3 270M) int8"}
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True, capture_output=True
+    ).stdout.strip()
+    meta = {
+        "machine": platform.processor() or platform.machine(),
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%d"),
+        "model": "default (Gemma 3 270M) int8",
+    }
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "results.jsonl", "w") as f:
@@ -149,24 +182,32 @@ def main() -> None:
 
 
 def write_markdown(path: pathlib.Path, rows: list[dict], meta: dict) -> None:
-    lines = [f"# CPU forest and prefix-cache results ({meta['model']})", "",
-             f"`benchmarks/cpu_forest.py`, commit {meta['commit']}, {meta['date']}, "
-             f"{meta['machine']} (2 cores, shared: read the ratios).", "",
-             "| scenario | prism_jax | tokens computed | baseline | tokens computed | speedup |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"# CPU forest and prefix-cache results ({meta['model']})",
+        "",
+        f"`benchmarks/cpu_forest.py`, commit {meta['commit']}, {meta['date']}, "
+        f"{meta['machine']} (2 cores, shared: read the ratios).",
+        "",
+        "| scenario | prism_jax | tokens computed | baseline | tokens computed | speedup |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if "forest" in r:
-            lines.append(f"| {r['scenario']} | one forest: {r['forest']['median_ms']:.0f} ms "
-                         f"({r['forest']['min_ms']:.0f}-{r['forest']['max_ms']:.0f}) | "
-                         f"{r['forest_tokens']} | separate requests: "
-                         f"{r['separate']['median_ms']:.0f} ms | {r['separate_tokens']} | "
-                         f"{r['speedup']:.1f}x |")
+            lines.append(
+                f"| {r['scenario']} | one forest: {r['forest']['median_ms']:.0f} ms "
+                f"({r['forest']['min_ms']:.0f}-{r['forest']['max_ms']:.0f}) | "
+                f"{r['forest_tokens']} | separate requests: "
+                f"{r['separate']['median_ms']:.0f} ms | {r['separate_tokens']} | "
+                f"{r['speedup']:.1f}x |"
+            )
         else:
-            lines.append(f"| {r['scenario']} ({r['state_tokens']} cached tokens) | cache hit: "
-                         f"{r['cached']['median_ms']:.0f} ms ({r['cached']['min_ms']:.0f}-"
-                         f"{r['cached']['max_ms']:.0f}) | {r['input_tokens'] - r['state_tokens']}"
-                         f" | cold: {r['cold']['median_ms']:.0f} ms | {r['input_tokens']} | "
-                         f"{r['speedup']:.1f}x |")
+            lines.append(
+                f"| {r['scenario']} ({r['state_tokens']} cached tokens) | cache hit: "
+                f"{r['cached']['median_ms']:.0f} ms ({r['cached']['min_ms']:.0f}-"
+                f"{r['cached']['max_ms']:.0f}) | {r['input_tokens'] - r['state_tokens']}"
+                f" | cold: {r['cold']['median_ms']:.0f} ms | {r['input_tokens']} | "
+                f"{r['speedup']:.1f}x |"
+            )
     path.write_text("\n".join(lines) + "\n")
 
 

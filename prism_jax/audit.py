@@ -52,8 +52,10 @@ def load_suite(path: str | None) -> list[dict]:
         suite = [json.loads(line) for line in f if line.strip()]
     for i, req in enumerate(suite):
         if not isinstance(req, dict) or "state" not in req or "questions" not in req:
-            raise SystemExit(f"{path}:{i + 1}: each line must be a System One request with "
-                             "'state' and 'questions'")
+            raise SystemExit(
+                f"{path}:{i + 1}: each line must be a System One request with "
+                "'state' and 'questions'"
+            )
     return suite
 
 
@@ -145,19 +147,26 @@ def _pages_taken(engine, suite, cases, i):
 def configurations() -> list[tuple[str, Runner]]:
     out: list[tuple[str, Runner]] = [("all questions of the request together", _together)]
     out += [(f"with {k} other questions on the state", _with_others(k)) for k in OTHER_COUNTS]
-    out += [("next to unrelated requests in one step", _unrelated),
-            ("after a prefix-cache hit on the state", _cache_hit)]
+    out += [
+        ("next to unrelated requests in one step", _unrelated),
+        ("after a prefix-cache hit on the state", _cache_hit),
+    ]
     out += [(f"prefill in chunks of {c} tokens", _chunked(c)) for c in CHUNKS]
-    out += [("padded into the largest token bucket", _large_bucket),
-            ("other KV pages taken", _pages_taken)]
+    out += [
+        ("padded into the largest token bucket", _large_bucket),
+        ("other KV pages taken", _pages_taken),
+    ]
     return out
 
 
 def audit(engine, suite: list[dict], progress: bool = True) -> dict:
     cases = render_suite(engine, suite)
     baseline = [[_cold(engine, [q])[0] for q in c.rendered] for c in cases]
-    hashes = {f"{i}/{qid}": vector_hash(p)
-              for i, c in enumerate(cases) for qid, p in zip(c.ids, baseline[i])}
+    hashes = {
+        f"{i}/{qid}": vector_hash(p)
+        for i, c in enumerate(cases)
+        for qid, p in zip(c.ids, baseline[i], strict=True)
+    }
     rows = []
     for name, run in configurations():
         mismatches = []
@@ -165,23 +174,36 @@ def audit(engine, suite: list[dict], progress: bool = True) -> dict:
             got = run(engine, suite, cases, i)
             for qid, want, have in zip(c.ids, baseline[i], got, strict=True):
                 if vector_hash(have) != vector_hash(want):
-                    mismatches.append({"question": f"{i}/{qid}", "hash": vector_hash(have),
-                                       "max_abs_diff": float(np.max(np.abs(
-                                           np.subtract(have, want))))})
+                    mismatches.append(
+                        {
+                            "question": f"{i}/{qid}",
+                            "hash": vector_hash(have),
+                            "max_abs_diff": float(np.max(np.abs(np.subtract(have, want)))),
+                        }
+                    )
         rows.append({"configuration": name, "checked": len(hashes), "mismatches": mismatches})
         if progress:
             print(f"  {name}: {len(mismatches)} mismatches", file=sys.stderr, flush=True)
-    return {"model": engine.name, "precision": engine.precision, "rows": rows,
-            "hashes": hashes, "ok": all(not r["mismatches"] for r in rows)}
+    return {
+        "model": engine.name,
+        "precision": engine.precision,
+        "rows": rows,
+        "hashes": hashes,
+        "ok": all(not r["mismatches"] for r in rows),
+    }
 
 
 def device_row() -> dict:
     import jax
 
     n = jax.device_count()
-    return {"configuration": f"device count (available: {n})", "checked": 0, "mismatches": [],
-            "note": "not varied: prism_jax runs one device per engine (tensor parallelism "
-                    "is not implemented yet)"}
+    return {
+        "configuration": f"device count (available: {n})",
+        "checked": 0,
+        "mismatches": [],
+        "note": "not varied: prism_jax runs one device per engine (tensor parallelism "
+        "is not implemented yet)",
+    }
 
 
 def print_table(report: dict) -> None:
@@ -193,15 +215,24 @@ def print_table(report: dict) -> None:
     print("probability vector hashes (sha256 of float64 bits):")
     for k, h in report["hashes"].items():
         print(f"  {k:24s} {h}")
-    print("OK: every configuration reproduced every vector bit for bit" if report["ok"]
-          else "MISMATCH: see the rows above")
+    print(
+        "OK: every configuration reproduced every vector bit for bit"
+        if report["ok"]
+        else "MISMATCH: see the rows above"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m prism_jax.audit", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="default", help="'default', a registered name, an "
-                        "HF safetensors directory or a .gguf file")
+    parser = argparse.ArgumentParser(
+        prog="python -m prism_jax.audit",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--model",
+        default="default",
+        help="'default', a registered name, an HF safetensors directory or a .gguf file",
+    )
     parser.add_argument("--precision", default="int8", choices=["int8", "bf16", "fp32"])
     parser.add_argument("--suite", help="JSONL of System One requests (default: built-in suite)")
     parser.add_argument("--out", help="write the JSON report here")

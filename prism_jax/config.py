@@ -217,7 +217,9 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         assert self.page_size > 0, f"page_size must be > 0, got {self.page_size}"
-        assert self.kv_pages >= 2, f"kv_pages must be >= 2 (page 0 is the dummy), got {self.kv_pages}"
+        assert self.kv_pages >= 2, (
+            f"kv_pages must be >= 2 (page 0 is the dummy page), got {self.kv_pages}"
+        )
         cap = self.prefix_cache_pages
         assert cap is None or 0 <= cap < self.kv_pages, (
             f"prefix_cache_pages must be in [0, kv_pages = {self.kv_pages}), got {cap}"

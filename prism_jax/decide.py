@@ -46,21 +46,33 @@ def option_probabilities(table: jax.Array, terms: jax.Array) -> jax.Array:
     return weights / _sequential_sum(weights)[..., None]
 
 
-def readout(params: model.Params, config: ModelConfig, hidden: jax.Array, rows: jax.Array,
-            cand_ids: jax.Array, cand_counts: jax.Array) -> tuple[jax.Array, jax.Array]:
+def readout(
+    params: model.Params,
+    config: ModelConfig,
+    hidden: jax.Array,
+    rows: jax.Array,
+    cand_ids: jax.Array,
+    cand_counts: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
     """(logits, log-probabilities renormalised over the candidates), f32 [R, C], at `rows`."""
     return model.candidate_readout(params, config, hidden[rows], cand_ids, cand_counts)
 
 
-def readout_lse(params: model.Params, config: ModelConfig, hidden: jax.Array,
-                rows: jax.Array) -> jax.Array:
+def readout_lse(
+    params: model.Params, config: ModelConfig, hidden: jax.Array, rows: jax.Array
+) -> jax.Array:
     """Full-vocabulary log-sum-exp f32 [R] at `rows` (streamed: no [R, V] logits)."""
     return model.vocab_logsumexp(params, config, hidden[rows])
 
 
 def paged_tables(batch: Mapping[str, jax.Array]) -> model.PagedTables:
-    return model.PagedTables(batch["slot"], batch["positions"], batch["chain_of"],
-                             batch["chain_segments"], batch["pages_flat"])
+    return model.PagedTables(
+        batch["slot"],
+        batch["positions"],
+        batch["chain_of"],
+        batch["chain_segments"],
+        batch["pages_flat"],
+    )
 
 
 def make_table_fn(config: ModelConfig, full_vocab: bool = True, page_size: int = 16):
@@ -77,8 +89,9 @@ def make_table_fn(config: ModelConfig, full_vocab: bool = True, page_size: int =
     def table(params: model.Params, batch: Mapping[str, jax.Array]) -> jax.Array:
         pool = init_kv_pool(config, batch["pages_flat"].shape[0] + 1, page_size, params.precision)
         hidden, _ = model.forward_paged(params, config, pool, batch["tokens"], paged_tables(batch))
-        logits, logprobs = readout(params, config, hidden, batch["rows"], batch["cand_ids"],
-                                   batch["cand_counts"])
+        logits, logprobs = readout(
+            params, config, hidden, batch["rows"], batch["cand_ids"], batch["cand_counts"]
+        )
         if not full_vocab:
             return logprobs
         lse = readout_lse(params, config, hidden, batch["rows"])  # (R,)
@@ -155,7 +168,7 @@ def answer(q: Question, probs: np.ndarray) -> dict[str, Any]:
             "type": "choice",
             "choice": q.keys[int(np.argmax(probs))],
             "confidence": choice_confidence(probs),
-            "probabilities": {k: float(p) for k, p in zip(q.keys, probs)},
+            "probabilities": {k: float(p) for k, p in zip(q.keys, probs, strict=True)},
         }
     return {
         "type": "score",

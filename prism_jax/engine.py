@@ -1,8 +1,8 @@
 """The engine: a loaded model plus the host loop render -> forest -> step -> answers.
 
-    engine = Engine.from_pretrained("default", precision="int8")
-    engine.decide("My card was charged twice", {"q": {"type": "choice", "criteria": {...}}})
-    engine.score("The capital of France is", [" Paris", " Rome"])
+engine = Engine.from_pretrained("default", precision="int8")
+engine.decide("My card was charged twice", {"q": {"type": "choice", "criteria": {...}}})
+engine.score("The capital of France is", [" Paris", " Rome"])
 """
 
 from __future__ import annotations
@@ -126,8 +126,16 @@ class Engine:
         params = model.params_from_hf(config, checkpoint.tensors, precision)
         tokenizer = Tokenizer.from_dir(checkpoint.directory)
         template = ChatTemplate.from_dir(checkpoint.directory)
-        return cls(config, params, tokenizer, template, name or str(name_or_path),
-                   engine_config, warmup, progress)
+        return cls(
+            config,
+            params,
+            tokenizer,
+            template,
+            name or str(name_or_path),
+            engine_config,
+            warmup,
+            progress,
+        )
 
     @property
     def precision(self) -> str:
@@ -201,9 +209,10 @@ class Engine:
     def _result(self, forest, placements, probs, steps, seconds) -> StepResult:
         sizes = [len(s.tokens) for s in forest.segments]
         cached = [not p.computed for p in placements]
-        computed = sum(n for n, c in zip(sizes, cached) if not c)
-        per_question = sum(sizes[s] for chain in forest.question_chains for s in chain
-                           if not cached[s])
+        computed = sum(n for n, c in zip(sizes, cached, strict=True) if not c)
+        per_question = sum(
+            sizes[s] for chain in forest.question_chains for s in chain if not cached[s]
+        )
         self.shared_prefix_tokens_total += per_question - computed
         return StepResult(probs, computed, forest.question_chains, sizes, cached, steps, seconds)
 
@@ -240,20 +249,27 @@ class Engine:
                 raise
             # Together they do not fit the pool: each request on its own (same bits).
             return [r for req in requests for r in self.decide_many([req])]
-        return [item if isinstance(item, DecisionRequestError) else self._response(result, *item)
-                for item in parsed]
+        return [
+            item if isinstance(item, DecisionRequestError) else self._response(result, *item)
+            for item in parsed
+        ]
 
     def _response(self, result: StepResult, qs, first: int, count: int) -> dict[str, Any]:
         probs = result.probabilities[first : first + count]
-        answers = {qid: answer(q, np.asarray(p)) for (qid, q), p in zip(qs.items(), probs)}
+        answers = {
+            qid: answer(q, np.asarray(p)) for (qid, q), p in zip(qs.items(), probs, strict=True)
+        }
         segments = set().union(*result.chains[first : first + count])
         return {
             "model": self.name,
             "answers": answers,
-            "usage": {"input_tokens": sum(result.segment_tokens[s] for s in segments),
-                      "output_tokens": 0},
-            "x_cached_tokens": sum(result.segment_tokens[s] for s in segments
-                                   if result.segment_cached[s]),
+            "usage": {
+                "input_tokens": sum(result.segment_tokens[s] for s in segments),
+                "output_tokens": 0,
+            },
+            "x_cached_tokens": sum(
+                result.segment_tokens[s] for s in segments if result.segment_cached[s]
+            ),
         }
 
     def stats(self) -> dict[str, float]:

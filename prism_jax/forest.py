@@ -158,5 +158,3 @@ def bucket(n: int, buckets: tuple[int, ...], what: str) -> int:
     if i == len(buckets):
         raise ValueError(f"{what} = {n} exceeds the largest bucket {buckets[-1]}")
     return buckets[i]
-
-

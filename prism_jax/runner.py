@@ -18,14 +18,10 @@ import numpy as np
 
 from prism_jax import model
 from prism_jax.config import EngineConfig, ModelConfig
-from prism_jax.decide import paged_tables, readout, readout_lse
+from prism_jax.decide import paged_tables
 from prism_jax.kv_pages import KVPool, init_kv_pool
 
 TABLE_KEYS = ("slot", "positions", "chain_of", "chain_segments", "pages_flat")
-
-
-def _all_rows(h: jax.Array) -> jax.Array:
-    return jnp.arange(h.shape[0], dtype=jnp.int32)
 
 
 class Runner:
@@ -41,8 +37,8 @@ class Runner:
         self._forward = jax.jit(fwd, donate_argnums=1)
         # Readouts take the gathered rows [R, D], so they are compiled per (R, C), not per T.
         self._gather = jax.jit(lambda h, r: h[r])
-        self._readout = jax.jit(lambda p, h, i, c: readout(p, config, h, _all_rows(h), i, c))
-        self._lse = jax.jit(lambda p, h: readout_lse(p, config, h, _all_rows(h)))
+        self._readout = jax.jit(lambda p, h, i, c: model.candidate_readout(p, config, h, i, c))
+        self._lse = jax.jit(lambda p, h: model.vocab_logsumexp(p, config, h))
 
     # --- shapes ----------------------------------------------------------------------------
     def _spec(self, shape, dtype=jnp.int32) -> jax.ShapeDtypeStruct:
@@ -66,11 +62,13 @@ class Runner:
     def bucket_keys(self) -> list[tuple]:
         e = self.engine
         keys: list[tuple] = [("forward", t) for t in e.token_buckets]
-        keys += [("gather", t, r) for t, r in itertools.product(e.token_buckets, e.row_buckets)
-                 if r <= t]
+        keys += [
+            ("gather", t, r) for t, r in itertools.product(e.token_buckets, e.row_buckets) if r <= t
+        ]
         keys += [("lse", r) for r in e.row_buckets]
-        keys += [("readout", r, c) for r, c in itertools.product(e.row_buckets,
-                                                                  e.candidate_buckets)]
+        keys += [
+            ("readout", r, c) for r, c in itertools.product(e.row_buckets, e.candidate_buckets)
+        ]
         return keys
 
     def _compile(self, key: tuple) -> jax.stages.Compiled:

@@ -138,8 +138,14 @@ def step_arrays(
         chain_of[i] = chain_index[seg]
         slot[i] = placements[seg].pages[off // page_size] * page_size + off % page_size
         index_of[(seg, off)] = i
-    out = dict(tokens=tokens, positions=positions, slot=slot, chain_of=chain_of,
-               chain_segments=segs, pages_flat=flat)
+    out = dict(
+        tokens=tokens,
+        positions=positions,
+        slot=slot,
+        chain_of=chain_of,
+        chain_segments=segs,
+        pages_flat=flat,
+    )
     out.update(readout_arrays(forest, plan.rows, index_of, engine))
     return out
 
@@ -161,8 +167,13 @@ def readout_arrays(forest: Forest, rows: list[int], index_of, engine: EngineConf
     lse_of = [i for i, x in enumerate(rows) if forest.use_lse[x]]
     lse_rows = np.zeros(bucket(max(len(lse_of), 1), engine.row_buckets, "lse rows"), np.int32)
     lse_rows[: len(lse_of)] = idx[lse_of]
-    return dict(rows=idx, cand_ids=ids, cand_counts=counts, lse_rows=lse_rows,
-                lse_of=np.asarray(lse_of, np.int32))
+    return dict(
+        rows=idx,
+        cand_ids=ids,
+        cand_counts=counts,
+        lse_rows=lse_rows,
+        lse_of=np.asarray(lse_of, np.int32),
+    )
 
 
 def pad(forest: Forest, engine: EngineConfig | None = None) -> dict[str, np.ndarray]:

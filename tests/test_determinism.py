@@ -21,8 +21,13 @@ from tests.conftest import assert_bitwise_equal
 from tests.model.tiny import TINY_HF_CONFIGS
 
 ROOT, TRUNK = 21, 150  # root instructions, state: positions span three 64-key tiles
-BUCKETS = EngineConfig(page_size=8, kv_pages=320, token_buckets=(16, 64, 256, 1024),
-                       row_buckets=(1, 4, 16, 64), candidate_buckets=(2, 4, 8, 256))
+BUCKETS = EngineConfig(
+    page_size=8,
+    kv_pages=320,
+    token_buckets=(16, 64, 256, 1024),
+    row_buckets=(1, 4, 16, 64),
+    candidate_buckets=(2, 4, 8, 256),
+)
 
 
 def _tokens(rng, n, vocab):
@@ -80,7 +85,7 @@ def test_forest_variations_keep_every_bit(setup, rng):
             _check(got, alone[i], f"question {i} with {k} others at {at}")
     mixed = unrelated[:3] + [qs[i] for i in targets] + unrelated[3:]  # (c)
     got = _cold(device, engine, mixed)[3 : 3 + len(targets)]
-    for i, p in zip(targets, got):
+    for i, p in zip(targets, got, strict=True):
         _check(p, alone[i], f"question {i} next to unrelated requests")
     engine.cache.clear()
     _run(device, engine, [qs[10]])  # (d) the state is now cached
@@ -100,10 +105,10 @@ def test_chunks_buckets_and_pages_keep_every_bit(setup, rng):
         engine.cache.clear()
         result = _run(device, engine, batch, chunk=chunk)
         assert result.steps > 1
-        for a, b in zip(result.probabilities, want):
+        for a, b in zip(result.probabilities, want, strict=True):
             _check(a, b, f"prefill in chunks of {chunk}")
     got = _cold(device, engine, batch, min_tokens=BUCKETS.token_buckets[-1])  # (f)
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         _check(a, b, "padded into the largest bucket")
     engine.cache.clear()  # (g) other pages taken: the request lands on different pages
     free = engine.pool.free_page_ids()
@@ -113,7 +118,7 @@ def test_chunks_buckets_and_pages_keep_every_bit(setup, rng):
         got = _run(device, engine, batch).probabilities
     finally:
         engine.pool.free(taken)
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         _check(a, b, "with half of the pages taken")
 
 
@@ -130,5 +135,5 @@ def test_make_decide_fn_gives_the_engines_bits(setup):
     with jax.default_device(device):
         table = np.asarray(table_fn(engine.params, arrays))
     got = option_probabilities_host(table, arrays["terms"])
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         _check(a, b, "make_decide_fn vs engine")

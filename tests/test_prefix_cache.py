@@ -47,7 +47,7 @@ def test_lru_evicts_least_recently_used_leaf_first():
     pool = PagePool(7, page_size=2)  # 6 usable
     cache = PrefixCache(pool)
     old = ready(cache, None, (1, 1), 0)
-    mid = ready(cache, None, (2, 2), 0)
+    ready(cache, None, (2, 2), 0)
     new = ready(cache, None, (3, 3), 0)
     cache.release(cache.lookup(None, (1, 1)))  # touch `old`: now the most recent
     assert cache.allocate(4)  # 3 free + 1 eviction: `mid` goes, not `old`

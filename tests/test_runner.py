@@ -13,16 +13,29 @@ from prism_jax.model import init_random
 from prism_jax.prompts import RenderedQuestion
 from tests.model.tiny import TINY_HF_CONFIGS
 
-BUCKETS = EngineConfig(page_size=8, kv_pages=160, token_buckets=(16, 64, 256),
-                       row_buckets=(1, 4, 16), candidate_buckets=(2, 8, 256))
+BUCKETS = EngineConfig(
+    page_size=8,
+    kv_pages=160,
+    token_buckets=(16, 64, 256),
+    row_buckets=(1, 4, 16),
+    candidate_buckets=(2, 8, 256),
+)
 
 
 @pytest.fixture(scope="module")
 def engine() -> Engine:
-    config = ModelConfig.from_hf_config(dict(TINY_HF_CONFIGS["gemma3"],
-                                             max_position_embeddings=1024))
-    return Engine(config, init_random(config, "int8", seed=3), None, None,
-                  engine_config=BUCKETS, warmup=True, progress=False)
+    config = ModelConfig.from_hf_config(
+        dict(TINY_HF_CONFIGS["gemma3"], max_position_embeddings=1024)
+    )
+    return Engine(
+        config,
+        init_random(config, "int8", seed=3),
+        None,
+        None,
+        engine_config=BUCKETS,
+        warmup=True,
+        progress=False,
+    )
 
 
 class CompileCounter:

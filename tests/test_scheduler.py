@@ -13,11 +13,18 @@ from prism_jax.prefix_cache import PrefixCache
 from prism_jax.prompts import RenderedQuestion
 from prism_jax.scheduler import place, plan_steps, release, step_arrays
 
-CFG = EngineConfig(page_size=4, kv_pages=64, token_buckets=(8, 16, 64), row_buckets=(1, 4),
-                   candidate_buckets=(2, 4, 256))
+CFG = EngineConfig(
+    page_size=4,
+    kv_pages=64,
+    token_buckets=(8, 16, 64),
+    row_buckets=(1, 4),
+    candidate_buckets=(2, 4, 256),
+)
 PREFIX = tuple(range(100, 110))  # root 3 + trunk 7
-QS = [RenderedQuestion(PREFIX, (1, 2, 3), ((7,), (8,))),
-      RenderedQuestion(PREFIX, (4, 5), ((9, 10, 11), (12,)))]
+QS = [
+    RenderedQuestion(PREFIX, (1, 2, 3), ((7,), (8,))),
+    RenderedQuestion(PREFIX, (4, 5), ((9, 10, 11), (12,))),
+]
 
 
 def _setup():

@@ -26,6 +26,12 @@ from flax import nnx
 
 from prism_jax import ops
 from prism_jax.config import ModelConfig, Precision
+from prism_jax.model.attention_backends import (
+    AttentionBackend,
+    MaskedAttention,
+    PagedAttention,
+    PagedTables,
+)
 from prism_jax.model.layers import (
     Embedding,
     Linear,
@@ -36,12 +42,6 @@ from prism_jax.model.layers import (
     dot_precision,
     glu,
     rope_inv_freq,
-)
-from prism_jax.model.attention_backends import (
-    AttentionBackend,
-    MaskedAttention,
-    PagedAttention,
-    PagedTables,
 )
 
 
