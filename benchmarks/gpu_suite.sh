@@ -10,6 +10,11 @@
 #   REPORT=0                      skip the CUDA-vs-CPU report
 #   GEMM_BENCH="--sweep ..."      then run benchmarks/gemm_bench.py with these arguments
 #                                 (results in $OUT/gemm.jsonl and $OUT/gemm.md)
+#   TESTS=none                    skip the op tests
+#   E2E=1                         then run benchmarks/e2e_decide.py (27B, int8 engine vs bf16
+#                                 XLA; $OUT/e2e.jsonl, E2E.md, e2e.png, compile.json), extra
+#                                 arguments in E2E_ARGS (e.g. "--profile"), killed after
+#                                 E2E_TIMEOUT seconds (default 560) so the call still reports
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
@@ -48,10 +53,13 @@ else
   cp build/gpu/_prism_ops*.so prism_jax/
 fi
 
-echo "## op tests (CPU + CUDA)"
-$PY -m pytest -q -n 4 -p no:cacheprovider ${TESTS:-tests/ops tests/test_extension.py tests/test_determinism.py} \
-  --junitxml="$OUT/pytest.xml" 2>&1 | tail -25 | tee "$OUT/pytest.txt"
-test_rc=${PIPESTATUS[0]}
+test_rc=0
+if [ "${TESTS:-}" != none ]; then
+  echo "## op tests (CPU + CUDA)"
+  $PY -m pytest -q -n 4 -p no:cacheprovider ${TESTS:-tests/ops tests/test_extension.py tests/test_determinism.py} \
+    --junitxml="$OUT/pytest.xml" 2>&1 | tail -25 | tee "$OUT/pytest.txt"
+  test_rc=${PIPESTATUS[0]}
+fi
 
 report_rc=0
 if [ "${REPORT:-1}" != 0 ]; then
@@ -66,5 +74,15 @@ if [ -n "${GEMM_BENCH:-}" ]; then
   $PY benchmarks/gemm_bench.py --out "$OUT" $GEMM_BENCH 2>&1 | tail -60
   bench_rc=${PIPESTATUS[0]}
 fi
-echo "pytest rc=$test_rc report rc=$report_rc bench rc=$bench_rc"
-exit $(( test_rc || report_rc || bench_rc ))
+e2e_rc=0
+if [ "${E2E:-0}" != 0 ]; then
+  echo "## end-to-end decision benchmark"
+  # Both 27B models (int8 ~28 GB, bf16 ~54 GB) and the KV pool live on the card at once.
+  # shellcheck disable=SC2086 (E2E_ARGS is a list of arguments)
+  XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 timeout -s INT "${E2E_TIMEOUT:-560}" \
+    $PY benchmarks/e2e_decide.py --preset gemma3-27b --out "$OUT" ${E2E_ARGS:-} 2>&1 |
+    tee "$OUT/e2e.log"
+  e2e_rc=${PIPESTATUS[0]}
+fi
+echo "pytest rc=$test_rc report rc=$report_rc bench rc=$bench_rc e2e rc=$e2e_rc"
+exit $(( test_rc || report_rc || bench_rc || e2e_rc ))

@@ -1,0 +1,442 @@
+"""End-to-end decision latency on a Gemma-3-27B-shaped model (random INT8 weights) against the
+generic baseline (the same model in BF16 through XLA), both measured in the same run.
+
+    python3 benchmarks/e2e_decide.py --preset gemma3-27b --runs 10 --out DIR [--profile]
+    python3 benchmarks/e2e_decide.py --render DIR        # E2E.md and e2e.png from DIR/e2e.jsonl
+
+Scenarios (DESIGN.md "Performance targets"; token ids are random, options single tokens):
+  1. one question, ~256-token prompt: prefix 224 (root 64 + state 160) + branch 32, 4 options;
+  2. one state + three questions: root 64 + state 256 + 3 x 32, as one forest;
+  3. a follow-up question (branch 32) on a cached 4,096-token prefix (root 64 + state 4,032):
+     the prefix is prefilled once, untimed, in steps of --chunk tokens; each timed run is a
+     prefix-cache hit that computes the 32 branch tokens.
+prism_jax = `Engine.run` on the int8 model (cold prefix cache before each timed run of 1 and 2),
+timed on the host around the whole call (forest, cache, steps, readout, probabilities: run
+returns host numbers, so it is synchronous). Baseline = one request per question, full causal
+prompt, `model.forward` (dense masked attention) + `full_logits` of the last token + softmax
+over the whole vocabulary, jitted, in BF16; scenario 2 = three such requests in a row,
+scenario 3 = the full 4,128-token prompt. Median and min-max over --runs timed runs after
+warm-up. Every executable is compiled before the timed runs (compile times are printed and
+kept in DIR/compile.json) and the runs are checked not to compile anything.
+
+Writes DIR/e2e.jsonl (one JSON line per scenario, also printed), DIR/E2E.md, DIR/e2e.png;
+--profile adds a host-prep / forward / readout split per scenario (synchronised parts of a
+run), --trace a jax.profiler trace of three runs each under DIR/trace. --compile-only stops
+after compiling. --preset tiny is a small model for CPU smoke tests: its numbers are not
+results (--layers 62 with it gives CPU lower bounds on compile times).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from e2e_report import render  # benchmarks/ is sys.path[0] when run as a script
+
+from prism_jax import model
+from prism_jax.config import GEMMA3_27B, EngineConfig, ModelConfig
+from prism_jax.engine import Engine
+from prism_jax.forest import bucket
+from prism_jax.prompts import RenderedQuestion
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# The scoreboard (DESIGN.md): our targets and the published Prism figures on an H200, in ms.
+TARGET_MS = {"one_question": 12.0, "state_3_questions": 15.0, "follow_up_4k": 7.0}
+PRISM_MS = {"one_question": 19.0, "state_3_questions": 17.4, "follow_up_4k": 5.4}
+TITLES = {
+    "one_question": "one question, ~256-token prompt",
+    "state_3_questions": "one state + 3 questions (root 64, state 256, 3x32)",
+    "follow_up_4k": "follow-up question on a cached 4,096-token state",
+}
+ROOT_LEN, BRANCH, OPTIONS = 64, 32, 4
+# Small Gemma 3 (one sliding and one global layer) for CPU smoke tests of this script.
+TINY = GEMMA3_27B.replace(
+    vocab_size=4096, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
+    num_kv_heads=1, head_dim=16, query_pre_attn_scalar=16, embed_scale=32**0.5,
+    layer_types=("sliding", "global"),
+)  # fmt: skip
+PRESETS = {"gemma3-27b": GEMMA3_27B, "tiny": TINY}
+
+
+def log(msg: str) -> None:
+    print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --- workload ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Scenario:
+    name: str
+    questions: list[RenderedQuestion]  # the timed request (one forest)
+    prefill: list[RenderedQuestion]  # run once, untimed, before the timed runs (fills the cache)
+    cold: bool  # clear the prefix cache before each timed run
+    shapes: dict
+
+
+def _question(rng, vocab: int, prefix: tuple[int, ...]) -> RenderedQuestion:
+    branch = tuple(int(t) for t in rng.integers(0, vocab, BRANCH))
+    options = rng.choice(vocab, OPTIONS, replace=False)  # distinct: the single-token fast path
+    return RenderedQuestion(prefix, branch, tuple((int(o),) for o in options))
+
+
+def scenarios(vocab: int, seed: int = 0) -> list[Scenario]:
+    rng = np.random.default_rng(seed)
+
+    def ids(n: int) -> tuple[int, ...]:
+        return tuple(int(t) for t in rng.integers(0, vocab, n))
+
+    root = ids(ROOT_LEN)
+    one = _question(rng, vocab, root + ids(160))
+    state = root + ids(256)
+    three = [_question(rng, vocab, state) for _ in range(3)]
+    long_state = root + ids(4096 - ROOT_LEN)
+    first, follow = _question(rng, vocab, long_state), _question(rng, vocab, long_state)
+    base = dict(branch=BRANCH, options=OPTIONS, option_tokens=1, root=ROOT_LEN)
+    long = dict(base, state=4096 - ROOT_LEN, questions=1, cached_tokens=4096)
+    return [
+        Scenario("one_question", [one], [], True,
+                 dict(base, state=160, questions=1, prompt_tokens=256)),
+        Scenario("state_3_questions", three, [], True,
+                 dict(base, state=256, questions=3, forest_tokens=416)),
+        Scenario("follow_up_4k", [follow], [first], False,
+                 dict(long, prompt_tokens=4096 + BRANCH)),
+    ]  # fmt: skip
+
+
+def step_keys(e: EngineConfig, steps: list[tuple[int, int]]) -> list[tuple]:
+    """Runner executables for steps of (tokens, readout rows), single-token options."""
+    keys = []
+    c = bucket(OPTIONS, e.candidate_buckets, "candidates")
+    for tokens, rows in steps:
+        t = bucket(tokens, e.token_buckets, "tokens")
+        keys.append(("forward", t))
+        if rows:
+            r = bucket(rows, e.row_buckets, "rows")
+            keys += [("gather", t, r), ("readout", r, c)]
+    return list(dict.fromkeys(keys))
+
+
+def engine_steps(s: Scenario, chunk: int) -> list[tuple[int, int]]:
+    """The steps the engine takes for the scenario's prefill and timed runs."""
+    if s.name == "follow_up_4k":
+        n = len(s.prefill[0].prefix) + BRANCH
+        prefill = [(min(chunk, n - lo), int(lo + chunk >= n)) for lo in range(0, n, chunk)]
+        return prefill + [(BRANCH, 1)]
+    q = s.questions
+    tokens = len(q[0].prefix) + BRANCH * len(q)
+    assert tokens <= chunk, f"{s.name}: {tokens} tokens do not fit one step of {chunk}"
+    return [(tokens, len(q))]
+
+
+# --- the generic baseline ---------------------------------------------------------------------
+
+
+class Baseline:
+    """One request: causal forward over the full prompt, full-vocabulary softmax of the last
+    token, the options' probabilities renormalised; compiled ahead of time per prompt length."""
+
+    def __init__(self, params: model.Params, config: ModelConfig) -> None:
+        def fn(params, tokens, options):
+            t = tokens.shape[0]
+            positions = jnp.arange(t, dtype=jnp.int32)
+            mask = jnp.tril(jnp.ones((t, t), jnp.bool_))  # (T, T)
+            hidden = model.forward(params, config, tokens, positions, mask)  # (T, D)
+            logits = model.full_logits(params, config, hidden[-1:])[0]  # (V,)
+            return jax.nn.softmax(jax.nn.log_softmax(logits)[options])
+
+        self.params, self._jit, self._compiled = params, jax.jit(fn), {}
+
+    def compile(self, t: int, o: int) -> None:
+        spec = jax.ShapeDtypeStruct
+        lowered = self._jit.lower(self.params, spec((t,), jnp.int32), spec((o,), jnp.int32))
+        self._compiled[(t, o)] = lowered.compile()
+
+    def __call__(self, tokens: np.ndarray, options: np.ndarray) -> np.ndarray:
+        """Host probabilities [O] (synchronous)."""
+        run = self._compiled[(len(tokens), len(options))]
+        return np.asarray(run(self.params, tokens, options))
+
+
+def baseline_requests(s: Scenario) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [
+        (np.asarray(q.prefix + q.branch, np.int32), np.asarray([o[0] for o in q.options], np.int32))
+        for q in s.questions
+    ]
+
+
+# --- timing -----------------------------------------------------------------------------------
+
+
+def stats(times: list[float]) -> dict:
+    return {
+        "median_ms": 1e3 * statistics.median(times),
+        "min_ms": 1e3 * min(times),
+        "max_ms": 1e3 * max(times),
+        "runs": len(times),
+    }
+
+
+def timed(fn, runs: int, before=None) -> tuple[list[float], object]:
+    times, out = [], None
+    for _ in range(runs):
+        if before:
+            before()
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return times, out
+
+
+def compile_engine(engine: Engine, keys: list[tuple], compile_s: dict) -> None:
+    for key in keys:
+        name = "/".join(map(str, key))
+        if name not in compile_s:
+            start = time.perf_counter()
+            engine.runner.executable(key)  # lowers and compiles the bucket's step
+            compile_s[name] = round(time.perf_counter() - start, 2)
+            log(f"compiled {name} in {compile_s[name]:.1f} s")
+
+
+def compile_baseline(baseline: Baseline, s: Scenario, compile_s: dict) -> None:
+    for tokens, options in baseline_requests(s):
+        key = f"baseline/{len(tokens)}"
+        if key not in compile_s:
+            start = time.perf_counter()
+            baseline.compile(len(tokens), len(options))
+            compile_s[key] = round(time.perf_counter() - start, 2)
+            log(f"compiled {key} in {compile_s[key]:.1f} s")
+
+
+def measure(engine: Engine, baseline, s: Scenario, runs: int, chunk: int) -> dict:
+    compilations = engine.runner.compilations  # everything was compiled beforehand
+    engine.cache.clear()
+    for q in s.prefill:  # untimed: fills the prefix cache
+        engine.run([q], chunk=chunk)
+    clear = engine.cache.clear if s.cold else None
+    if clear:
+        clear()
+    engine.run(s.questions, chunk=chunk)  # warm-up
+    results = []
+
+    def prism():
+        results.append(engine.run(s.questions, chunk=chunk))
+        return results[-1]
+
+    t_prism, result = timed(prism, runs, clear)
+    assert engine.runner.compilations == compilations, (
+        "the scenario compiled a step: step_keys is wrong"
+    )
+    requests = baseline_requests(s)
+    for tokens, options in requests:  # warm-up
+        baseline(tokens, options)
+    t_base, base_probs = timed(lambda: [baseline(t, o) for t, o in requests], runs)
+    cached = sum(result.cached_tokens(q) for q in range(len(s.questions)))
+    diff = max(
+        float(np.max(np.abs(np.asarray(p) - b)))
+        for p, b in zip(result.probabilities, base_probs, strict=True)
+    )
+    return {
+        "scenario": s.name,
+        "title": TITLES[s.name],
+        "shapes": s.shapes,
+        "prism": stats(t_prism),
+        "baseline": stats(t_base),
+        "ratio": statistics.median(t_base) / statistics.median(t_prism),
+        "engine_step_ms": 1e3 * statistics.median(r.seconds for r in results),
+        "computed_tokens": result.computed_tokens,
+        "cached_tokens": cached,
+        "steps": result.steps,
+        "baseline_tokens": [len(t) for t, _ in requests],
+        "prob_max_abs_diff_vs_bf16": diff,
+        "target_ms": TARGET_MS[s.name],
+        "prism_published_ms": PRISM_MS[s.name],
+    }
+
+
+# --- per-op split (--profile) -----------------------------------------------------------------
+
+
+def split_times(engine: Engine, s: Scenario, runs: int, chunk: int) -> dict:
+    """Host prep (forest, cache, step arrays) / forward steps / readouts, each synchronised:
+    engine.run's work done by hand, so the parts add up to a little more than a run."""
+    from prism_jax.forest import build_forest
+    from prism_jax.scheduler import place, plan_steps, release, step_arrays
+
+    parts: dict[str, list[float]] = {"host_ms": [], "forward_ms": [], "readout_ms": []}
+    for _ in range(runs):
+        if s.cold:
+            engine.cache.clear()
+        t0 = time.perf_counter()
+        forest = build_forest(s.questions, engine.root_len)
+        placements = place(forest, engine.cache)
+        host, fwd, read = time.perf_counter() - t0, 0.0, 0.0
+        for plan in plan_steps(forest, placements, chunk):
+            t0 = time.perf_counter()
+            arrays = step_arrays(
+                forest, placements, plan, engine.engine_config, engine.pool.num_pages
+            )
+            t1 = time.perf_counter()
+            hidden = jax.block_until_ready(engine.runner.forward(arrays))
+            t2 = time.perf_counter()
+            if plan.rows:
+                engine.runner.read(hidden, arrays)
+            host, fwd, read = host + t1 - t0, fwd + t2 - t1, read + time.perf_counter() - t2
+        release(placements, engine.cache, True)
+        for k, v in zip(parts, (host, fwd, read), strict=True):
+            parts[k].append(1e3 * v)
+    return {k: statistics.median(v) for k, v in parts.items()}
+
+
+# --- setup and main ---------------------------------------------------------------------------
+
+
+def build(config: ModelConfig, args, times: dict) -> tuple[Engine, Baseline]:
+    start = time.perf_counter()
+    params8 = jax.block_until_ready(model.init_random(config, "int8", args.seed))
+    times["init_int8_s"] = round(time.perf_counter() - start, 2)
+    e = EngineConfig(
+        page_size=16,
+        kv_pages=args.kv_pages,
+        token_buckets=args.token_buckets,
+        row_buckets=(1, 4),
+        candidate_buckets=(4, 256),
+    )
+    engine = Engine(config, params8, None, None, name="prism_jax int8", engine_config=e)
+    engine.root_len = ROOT_LEN
+    start = time.perf_counter()
+    params16 = jax.block_until_ready(model.init_random(config, "bf16", args.seed))
+    times["init_bf16_s"] = round(time.perf_counter() - start, 2)
+    log(f"random weights: int8 {times['init_int8_s']} s, bf16 {times['init_bf16_s']} s")
+    return engine, Baseline(params16, config)
+
+
+def meta(args, config: ModelConfig) -> dict:
+    git = ["git", "-C", str(ROOT)]
+    commit = subprocess.run(
+        [*git, "rev-parse", "--short", "HEAD"], text=True, capture_output=True
+    ).stdout.strip()
+    dirty = bool(
+        subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no"], text=True, capture_output=True
+        ).stdout.strip()
+    )
+    dev = jax.devices()[0]
+    return {
+        "preset": args.preset,
+        "layers": config.num_layers,
+        "card": dev.device_kind,
+        "platform": dev.platform,
+        "jax": jax.__version__,
+        "commit": commit + ("+dirty" if dirty else ""),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "token_buckets": list(args.token_buckets),
+        "chunk": args.chunk,
+        "kv_pages": args.kv_pages,
+        # Not a result: another model, another device or fewer runs than DESIGN.md asks for.
+        "smoke": args.preset != "gemma3-27b"
+        or bool(args.layers)
+        or dev.platform != "gpu"
+        or args.runs < 10,
+    }
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="gemma3-27b")
+    p.add_argument("--layers", type=int, help="override the preset's layer count (compile probes)")
+    p.add_argument("--runs", type=int, default=10)
+    p.add_argument("--out", default=str(ROOT / "benchmarks/results/e2e_h200"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kv-pages", type=int, default=320, help="16-token pages (4,128 tokens: 259)")
+    p.add_argument(
+        "--token-buckets",
+        type=lambda s: tuple(map(int, s.split(","))),
+        default=(64, 256, 512, 2048),
+    )
+    p.add_argument("--chunk", type=int, default=2048, help="tokens per step of the 4K prefill")
+    p.add_argument("--scenarios", default=",".join(TITLES), help="comma-separated subset")
+    p.add_argument("--profile", action="store_true", help="host / forward / readout split")
+    p.add_argument("--trace", action="store_true", help="jax.profiler trace into OUT/trace")
+    p.add_argument("--compile-only", action="store_true", help="build and compile, then stop")
+    p.add_argument("--render", metavar="DIR", help="only re-render E2E.md / e2e.png from DIR")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.render:
+        return render(pathlib.Path(args.render))
+    t_start = time.perf_counter()
+    config = PRESETS[args.preset]
+    if args.layers:
+        config = config.replace(num_layers=args.layers)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    info = meta(args, config)
+    log(f"{info['card']} ({info['platform']}), preset {args.preset}, {config.num_layers} layers")
+    setup: dict = {"compile_s": {}}
+    engine, baseline = build(config, args, setup)
+    chosen = [
+        s for s in scenarios(config.vocab_size, args.seed) if s.name in args.scenarios.split(",")
+    ]
+    summary = out / "compile.json"  # rewritten after each scenario: a cut-short run still reports
+    (out / "e2e.jsonl").write_text("")
+    for s in chosen:  # compile then measure each in turn: a run cut short keeps what it measured
+        compile_scenario(engine, baseline, s, args.chunk, setup["compile_s"])
+        setup["total_s"] = round(time.perf_counter() - t_start, 1)
+        summary.write_text(json.dumps({**info, **setup}, indent=1) + "\n")
+        if not args.compile_only:
+            run_scenario(engine, baseline, s, args, info, out)
+    if args.trace:
+        trace(engine, baseline, chosen, args.chunk, out / "trace")
+    setup["total_s"] = round(time.perf_counter() - t_start, 1)
+    summary.write_text(json.dumps({**info, **setup}, indent=1) + "\n")
+    log(f"done in {setup['total_s']} s (compiling {sum(setup['compile_s'].values()):.1f} s)")
+    if not args.compile_only:
+        render(out)
+
+
+def compile_scenario(engine: Engine, baseline: Baseline, s: Scenario, chunk: int, times: dict):
+    keys = step_keys(engine.engine_config, engine_steps(s, chunk))
+    compile_engine(engine, keys, times)
+    compile_baseline(baseline, s, times)
+
+
+def run_scenario(engine: Engine, baseline: Baseline, s: Scenario, args, info: dict, out):
+    row = {**info, **measure(engine, baseline, s, args.runs, args.chunk)}
+    if args.profile:
+        row["split_ms"] = split_times(engine, s, args.runs, args.chunk)
+    print(json.dumps(row), flush=True)
+    with open(out / "e2e.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+    p, b = row["prism"]["median_ms"], row["baseline"]["median_ms"]
+    log(f"{s.name}: prism_jax {p:.2f} ms, baseline {b:.2f} ms, ratio {row['ratio']:.1f}")
+
+
+def trace(engine: Engine, baseline, chosen: list[Scenario], chunk: int, where: pathlib.Path):
+    """Three prism runs and one baseline request per scenario under a jax.profiler trace."""
+    with jax.profiler.trace(str(where)):
+        for s in chosen:
+            for _ in range(3):
+                if s.cold:
+                    engine.cache.clear()
+                with jax.profiler.TraceAnnotation(f"prism {s.name}"):
+                    engine.run(s.questions, chunk=chunk)
+            tokens, options = baseline_requests(s)[0]
+            with jax.profiler.TraceAnnotation(f"baseline {s.name}"):
+                baseline(tokens, options)
+    log(f"profiler trace in {where}")
+
+
+if __name__ == "__main__":
+    main()

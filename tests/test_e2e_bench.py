@@ -1,0 +1,49 @@
+"""benchmarks/e2e_decide.py end to end on the CPU at its tiny preset (a smoke test of the
+script the H200 runs; the timings it prints here are not results)."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "e2e_decide.py"
+FIELDS = set(
+    "scenario title shapes prism baseline ratio target_ms prism_published_ms computed_tokens "
+    "cached_tokens steps baseline_tokens card platform commit date preset smoke".split()
+)
+
+
+def test_tiny_run_writes_one_line_per_scenario(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--preset", "tiny", "--runs", "2", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    printed = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    rows = [json.loads(x) for x in (tmp_path / "e2e.jsonl").read_text().splitlines()]
+    assert printed == rows
+    assert [r["scenario"] for r in rows] == ["one_question", "state_3_questions", "follow_up_4k"]
+    for r in rows:
+        assert FIELDS <= set(r), FIELDS - set(r)
+        assert r["smoke"] and r["preset"] == "tiny"
+        for side in ("prism", "baseline"):
+            s = r[side]
+            assert s["runs"] == 2 and 0 < s["min_ms"] <= s["median_ms"] <= s["max_ms"], s
+        assert r["ratio"] > 0 and r["steps"] == 1
+        # Both paths answer the same question: int8 engine vs bf16 baseline probabilities.
+        assert r["prob_max_abs_diff_vs_bf16"] < 0.05, r
+    one, three, follow = rows
+    assert one["computed_tokens"] == 256 and one["baseline_tokens"] == [256]
+    assert three["computed_tokens"] == 64 + 256 + 3 * 32 and three["baseline_tokens"] == [352] * 3
+    assert follow["cached_tokens"] == 4096 and follow["computed_tokens"] == 32
+    assert follow["baseline_tokens"] == [4128]
+    assert (one["target_ms"], three["target_ms"], follow["target_ms"]) == (12, 15, 7)
+    compiled = json.loads((tmp_path / "compile.json").read_text())["compile_s"]
+    assert {"forward/64", "forward/256", "forward/512", "forward/2048"} <= set(compiled)
+    table = (tmp_path / "E2E.md").read_text()
+    assert "SMOKE RUN" in table and "| 19 |" in table and "<= 7 |" in table
+    assert (tmp_path / "e2e.png").stat().st_size > 0
