@@ -236,7 +236,7 @@ class Engine:
         for state, questions in requests:
             try:
                 qs = parse_questions(questions)
-                mine = [self.renderer.render(state, q) for q in qs.values()]
+                mine = [self._render(state, q) for q in qs.values()]
             except DecisionRequestError as err:
                 parsed.append(err)
                 continue
@@ -253,6 +253,16 @@ class Engine:
             item if isinstance(item, DecisionRequestError) else self._response(result, *item)
             for item in parsed
         ]
+
+    def _render(self, state: Any, q) -> RenderedQuestion:
+        try:
+            return self.renderer.render(state, q)
+        except (TypeError, UnicodeError) as err:  # the tokenizer refuses e.g. lone surrogates
+            raise DecisionRequestError(
+                f"the state or question is not valid Unicode text ({err}); send UTF-8 text "
+                "without unpaired surrogate escapes",
+                status=422,
+            ) from err
 
     def _response(self, result: StepResult, qs, first: int, count: int) -> dict[str, Any]:
         probs = result.probabilities[first : first + count]

@@ -175,3 +175,14 @@ def test_cli_json_and_table(capsys):
     assert "billing" in capsys.readouterr().out
     assert cli_main(["decide", "--state", "x"]) == 2
     assert "exactly one of" in capsys.readouterr().err
+
+
+def test_text_the_tokenizer_refuses_is_a_request_error(int8_engine):
+    from prism_jax.questions import DecisionRequestError
+
+    with pytest.raises(DecisionRequestError, match="not valid Unicode") as err:
+        int8_engine.decide("\ud800 broken", {"q": QUESTIONS["refund"]})
+    assert err.value.status == 422
+    ok, bad = int8_engine.decide_many([(TICKET, {"q": QUESTIONS["refund"]}),
+                                       ("\ud800", {"q": QUESTIONS["refund"]})])
+    assert "answers" in ok and isinstance(bad, DecisionRequestError)
