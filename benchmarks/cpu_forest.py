@@ -20,15 +20,11 @@ import statistics
 import subprocess
 import time
 
+from cpu_decide import STATE  # the same ticket as the HF comparison (benchmarks/ on sys.path)
+
 from prism_jax.engine import Engine
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-STATE = (
-    "Ticket #4821 from Dana (premium plan, customer since 2019). Subject: charged twice. "
-    "Hi, I was charged twice for my March invoice (order 7731) and I need one of the charges "
-    "refunded before my rent is due on Friday. I also could not log in to the billing page "
-    "yesterday; it said my session expired. Please help, this is the second time this year."
-)
 TOPICS = [
     "billing",
     "login",
