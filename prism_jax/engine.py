@@ -20,21 +20,22 @@ from prism_jax.chat_template import ChatTemplate
 from prism_jax.config import EngineConfig, ModelConfig, Precision
 from prism_jax.decide import answer, option_probabilities_host
 from prism_jax.forest import Forest, build_forest
-from prism_jax.kv_pages import OutOfPages, PagePool
+from prism_jax.kv_pages import OutOfPages, PagePool, kv_bytes_per_page
 from prism_jax.model.loader import load_checkpoint
 from prism_jax.model.registry import cache_root
 from prism_jax.prefix_cache import PrefixCache
 from prism_jax.prompts import PromptRenderer, RenderedQuestion
 from prism_jax.questions import DecisionRequestError, parse_questions
 from prism_jax.runner import Runner
-from prism_jax.scheduler import Placement, place, plan_steps, release, step_arrays
+from prism_jax.scheduler import (
+    Placement,
+    place,
+    plan_steps,
+    release,
+    step_arrays,
+    term_index,
+)
 from prism_jax.tokenizer import Tokenizer
-
-
-def _terms(forest: Forest, c: int) -> np.ndarray:
-    from prism_jax.scheduler import term_index
-
-    return term_index(forest, {r: r for r in range(len(forest.row_at))}, c)
 
 
 def enable_compilation_cache() -> None:
@@ -181,7 +182,8 @@ class Engine:
         finally:
             release(placements, self.cache, completed)
         seconds = time.perf_counter() - start
-        probs = option_probabilities_host(table, _terms(forest, table.shape[1]))
+        rows = {r: r for r in range(len(forest.row_at))}  # the table is in forest row order
+        probs = option_probabilities_host(table, term_index(forest, rows, table.shape[1]))
         return self._result(forest, placements, probs, steps, seconds)
 
     def _execute(self, forest: Forest, placements: list[Placement], chunk: int, min_tokens: int):
@@ -294,6 +296,8 @@ class Engine:
             "prefix_cache_queries": c.queries,
             "prefix_cache_hit_tokens": c.hit_tokens,
             "shared_prefix_tokens_total": self.shared_prefix_tokens_total,
+            "kv_pool_bytes": self.pool.num_pages
+            * kv_bytes_per_page(self.config, self.pool.page_size, self.precision),
             "compilations": self.runner.compilations,
         }
 

@@ -57,8 +57,7 @@ class PagePool:
     def allocate(self, count: int) -> list[int]:
         if count > len(self._free):
             raise OutOfPages(f"need {count} KV pages, {len(self._free)} free of {self.num_pages}")
-        pages = [self._free.pop() for _ in range(count)]
-        return pages
+        return [self._free.pop() for _ in range(count)]
 
     def free(self, pages: list[int]) -> None:
         assert DUMMY_PAGE not in pages, "the dummy page is never allocated, so never freed"
@@ -69,9 +68,10 @@ class PagePool:
 
     def reserve(self, pages: list[int]) -> None:
         """Takes specific pages out of the free list (audits: 'other pages taken')."""
-        missing = [p for p in pages if p not in self._free]
+        wanted = set(pages)
+        missing = sorted(wanted - set(self._free))
         assert not missing, f"pages {missing} are not free"
-        self._free = [p for p in self._free if p not in set(pages)]
+        self._free = [p for p in self._free if p not in wanted]
 
 
 def kv_dtype(precision: str) -> jnp.dtype:

@@ -21,8 +21,6 @@ from prism_jax.config import EngineConfig, ModelConfig
 from prism_jax.decide import paged_tables
 from prism_jax.kv_pages import KVPool, init_kv_pool
 
-TABLE_KEYS = ("slot", "positions", "chain_of", "chain_segments", "pages_flat")
-
 
 class Runner:
     def __init__(self, config: ModelConfig, params: model.Params, engine: EngineConfig) -> None:

@@ -97,3 +97,10 @@ def test_the_counter_sees_a_compilation():
     with CompileCounter() as counter:
         jax.jit(lambda x: x * 3 + 1)(np.arange(17.0)).block_until_ready()
     assert counter.count >= 1
+
+
+def test_stats_report_the_pool(engine):
+    stats = engine.stats()
+    k, _ = engine.runner.kv[0]
+    assert stats["kv_pool_bytes"] == 2 * len(engine.runner.kv) * k.size * k.dtype.itemsize
+    assert stats["kv_pages_total"] == BUCKETS.kv_pages - 1
