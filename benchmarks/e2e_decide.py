@@ -58,6 +58,7 @@ TITLES = {
     "follow_up_4k": "follow-up question on a cached 4,096-token state",
 }
 ROOT_LEN, BRANCH, OPTIONS = 64, 32, 4
+TRACE_RUNS = 3  # prism runs per scenario under --trace
 # Small Gemma 3 (one sliding and one global layer) for CPU smoke tests of this script.
 TINY = GEMMA3_27B.replace(
     vocab_size=4096, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
@@ -366,7 +367,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--chunk", type=int, default=2048, help="tokens per step of the 4K prefill")
     p.add_argument("--scenarios", default=",".join(TITLES), help="comma-separated subset")
     p.add_argument("--profile", action="store_true", help="host / forward / readout split")
-    p.add_argument("--trace", action="store_true", help="jax.profiler trace into OUT/trace")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="jax.profiler traces + per-op GPU time (breakdown.jsonl)",
+    )
     p.add_argument("--compile-only", action="store_true", help="build and compile, then stop")
     p.add_argument("--render", metavar="DIR", help="only re-render E2E.md / e2e.png from DIR")
     return p.parse_args(argv)
@@ -424,18 +429,25 @@ def run_scenario(engine: Engine, baseline: Baseline, s: Scenario, args, info: di
 
 
 def trace(engine: Engine, baseline, chosen: list[Scenario], chunk: int, where: pathlib.Path):
-    """Three prism runs and one baseline request per scenario under a jax.profiler trace."""
-    with jax.profiler.trace(str(where)):
-        for s in chosen:
-            for _ in range(3):
+    """TRACE_RUNS prism runs per scenario, each scenario in its own jax.profiler trace, then the
+    per-op GPU time of each (benchmarks/trace_breakdown.py) into OUT/breakdown.jsonl."""
+    from trace_breakdown import breakdown
+
+    rows = []
+    for s in chosen:
+        with jax.profiler.trace(str(where / s.name)):
+            for _ in range(TRACE_RUNS):
                 if s.cold:
                     engine.cache.clear()
                 with jax.profiler.TraceAnnotation(f"prism {s.name}"):
                     engine.run(s.questions, chunk=chunk)
-            tokens, options = baseline_requests(s)[0]
-            with jax.profiler.TraceAnnotation(f"baseline {s.name}"):
-                baseline(tokens, options)
-    log(f"profiler trace in {where}")
+        rows += [{"scenario": s.name, **r} for r in breakdown(where / s.name, TRACE_RUNS)]
+    with open(where.parent / "breakdown.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    for r in rows:
+        if r["kind"] != "kernel":
+            print(json.dumps(r), flush=True)
+    log(f"profiler traces in {where}, per-op GPU time in {where.parent / 'breakdown.jsonl'}")
 
 
 if __name__ == "__main__":
