@@ -15,6 +15,12 @@
 #                                 XLA; $OUT/e2e.jsonl, E2E.md, e2e.png, compile.json), extra
 #                                 arguments in E2E_ARGS (e.g. "--profile"), killed after
 #                                 E2E_TIMEOUT seconds (default 560) so the call still reports
+#   ATTN_BENCH=1                  then run benchmarks/attention_bench.py (tree_attention vs the
+#                                 run's ceilings and XLA; $OUT/attention.jsonl, attention.md),
+#                                 extra arguments in ATTN_ARGS (e.g. "--dtypes f32"), interrupted
+#                                 after ATTN_TIMEOUT seconds (default 200)
+#   OPS_BENCH=1                   then run benchmarks/ops_bandwidth.py ($OUT/ops_bandwidth.jsonl),
+#                                 interrupted after OPS_TIMEOUT seconds (default 150)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
@@ -84,5 +90,21 @@ if [ "${E2E:-0}" != 0 ]; then
     tee "$OUT/e2e.log"
   e2e_rc=${PIPESTATUS[0]}
 fi
-echo "pytest rc=$test_rc report rc=$report_rc bench rc=$bench_rc e2e rc=$e2e_rc"
-exit $(( test_rc || report_rc || bench_rc || e2e_rc ))
+attn_rc=0
+if [ "${ATTN_BENCH:-0}" != 0 ]; then
+  echo "## tree_attention benchmark"
+  # shellcheck disable=SC2086 (ATTN_ARGS is a list of arguments)
+  timeout -s INT "${ATTN_TIMEOUT:-200}" \
+    $PY benchmarks/attention_bench.py --out "$OUT" ${ATTN_ARGS:-} 2>&1 | tee "$OUT/attention.log"
+  attn_rc=${PIPESTATUS[0]}
+fi
+ops_rc=0
+if [ "${OPS_BENCH:-0}" != 0 ]; then
+  echo "## memory-bound ops bandwidth"
+  timeout -s INT "${OPS_TIMEOUT:-150}" \
+    $PY benchmarks/ops_bandwidth.py --out "$OUT" 2>&1 | tee "$OUT/ops_bandwidth.log"
+  ops_rc=${PIPESTATUS[0]}
+fi
+echo "pytest rc=$test_rc report rc=$report_rc bench rc=$bench_rc e2e rc=$e2e_rc" \
+  "attn rc=$attn_rc ops rc=$ops_rc"
+exit $(( test_rc || report_rc || bench_rc || e2e_rc || attn_rc || ops_rc ))
