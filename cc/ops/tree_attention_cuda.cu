@@ -9,11 +9,14 @@
 // x and x + 32 to pool rows, scores are canonical warp dots (bit-identical to the CPU's),
 // then the lanes accumulate e_i * v_i over the tile in increasing position, each lane for its
 // own canonical chunks of H. Every sum has the CPU's order; only expf may differ by ulps.
+// Head dims 64, 128 and 256 take the faster lane kernel instead (tree_attention_lanes.cuh:
+// the same bits, one key per lane).
 // Command-buffer compatible: no allocation, no host synchronisation.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -22,6 +25,7 @@
 #include "cc/cuda_common.cuh"
 #include "cc/numerics.h"
 #include "cc/ops/tree_attention.h"
+#include "cc/ops/tree_attention_lanes.cuh"
 
 namespace prism {
 namespace {
@@ -173,6 +177,21 @@ __global__ void __launch_bounds__(kAttnWarps * kWarpSize)
   }
 }
 
+// PRISM_TREE_ATTENTION_KERNEL=warp (tests and benchmarks) forces AttendKernel for every H.
+bool WarpKernelForced() {
+  const char* name = std::getenv("PRISM_TREE_ATTENTION_KERNEL");
+  return name != nullptr && std::string(name) == "warp";
+}
+
+template <int kH, typename Q, typename KV>
+ffi::Error LaunchLanes(unsigned grid, cudaStream_t stream, const Q* q, const KV* k_pool,
+                       const KV* v_pool, const Dims& dm, const Tables& tb, float scale,
+                       int32_t window, Q* out) {
+  lanes::LaneAttendKernel<Q, KV, kH><<<grid, lanes::kWarps * kWarpSize, 0, stream>>>(
+      q, k_pool, v_pool, dm, tb, scale, window, out);
+  return LaunchStatus("prism_tree_attention");
+}
+
 template <typename Q, typename KV>
 ffi::Error Launch(cudaStream_t stream, const Q* q, const KV* k_new, const KV* v_new,
                   const Dims& dm, const Tables& tb, float scale, int32_t window, Q* out,
@@ -189,6 +208,15 @@ ffi::Error Launch(cudaStream_t stream, const Q* q, const KV* k_new, const KV* v_
   if (blocks == 0) return ffi::Error::Success();
   PRISM_REQUIRE(blocks <= 0x7fffffff, "prism_tree_attention: T * N too large for one grid");
   const unsigned grid = static_cast<unsigned>(blocks);
+  static_assert(lanes::kWarps == kAttnWarps, "both kernels use the same grid");
+  if (!WarpKernelForced()) {  // the lane kernel: same bits, no shuffle chain per key
+    switch (dm.h) {
+      case 64: return LaunchLanes<64>(grid, stream, q, k_pool, v_pool, dm, tb, scale, window, out);
+      case 128: return LaunchLanes<128>(grid, stream, q, k_pool, v_pool, dm, tb, scale, window, out);
+      case 256: return LaunchLanes<256>(grid, stream, q, k_pool, v_pool, dm, tb, scale, window, out);
+      default: break;
+    }
+  }
   if (dm.h <= kStride) {
     AttendKernel<Q, KV, 1><<<grid, kAttnWarps * kWarpSize, 0, stream>>>(
         q, k_pool, v_pool, dm, tb, scale, window, out);

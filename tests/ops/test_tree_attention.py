@@ -301,6 +301,25 @@ def test_cuda_matches_cpu(gpu, rng, dtype):
     np.testing.assert_allclose(outs[0], outs[1], rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("h", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("window", [0, 37])
+def test_lane_kernel_matches_warp_kernel_bitwise(gpu, rng, monkeypatch, h, dtype, window):
+    """H in {64, 128, 256} runs the one-key-per-lane kernel; forcing the warp kernel
+    (PRISM_TREE_ATTENTION_KERNEL=warp) must give the same bits: same dots, same expf."""
+    world = make_world(rng, 200, 8, 2, h, dtype)
+    seed = int(rng.integers(1 << 31))
+    outs, pools = [], []
+    for forced in ("", "warp"):
+        monkeypatch.setenv("PRISM_TREE_ATTENTION_KERNEL", forced)
+        pool = Pool(np.random.default_rng(seed), 2, h, dtype)
+        tokens = forest_tokens(np.random.default_rng(seed), pool, lambda b, n: world)
+        outs.append(run_step(gpu, pool, tokens, window=window, pad_to=len(tokens) + 7))
+        pools.append(pool)
+    assert_bitwise_equal(outs[0], outs[1], f"lane vs warp kernel, H={h}")
+    assert_bitwise_equal(pools[0].k, pools[1].k, "same pool writes")
+
+
 def test_pools_updated_in_place_when_donated(rng):
     kh, h = 2, 64
     pool = Pool(rng, kh, h, jnp.float32)

@@ -1,0 +1,214 @@
+// Tree attention with one key per lane: the fast path of tree_attention_cuda.cu for head dims
+// H in {64, 128, 256} (H a multiple of 32 and of kVec, at most kStride: every model we serve).
+//
+// Same grid and the same bits as AttendKernel (one warp per (token, query head), tiles in
+// increasing order, tree_attention.h's numerics); what changes is who computes what. In
+// AttendKernel the whole warp computes each score (lane l sums its kVec products, then the
+// butterfly) and walks the tile's keys one after another, so every key costs a chain of
+// dependent shuffles. Here lane x computes the whole score of tile position x (and x + 32) by
+// itself, replaying the canonical order: the 32 lane partials in registers, then the
+// butterfly's levels (partial[l] += partial[l + off]: the value every lane of the butterfly
+// ends with, since float addition is commutative). The tile's max and its sum of e_i are then
+// taken in increasing position from shared memory exactly as TileStep does, and e_i * v_i is
+// accumulated per dimension in increasing position, each lane owning H / 32 dimensions.
+// Included by tree_attention_cuda.cu only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cc/cuda_common.cuh"
+#include "cc/numerics.h"
+#include "cc/ops/tree_attention.h"
+
+namespace prism {
+namespace lanes {
+
+constexpr int kWarps = 4;                           // warps (queries x heads) per block
+constexpr int kTileParts = kAttnTile / kWarpSize;   // tile positions per lane
+
+template <int kH>
+struct Shape {
+  static_assert(kH % kVec == 0 && kH % kWarpSize == 0 && kH <= kStride,
+                "the lane kernel needs H a multiple of 32 and kVec, at most kStride");
+  static constexpr int kParts = kH / kVec;      // lanes of the canonical order holding elements
+  static constexpr int kDims = kH / kWarpSize;  // output dimensions per lane
+};
+
+// kN consecutive elements as f32 (vector loads when kN is a multiple of 4; p is then aligned:
+// rows are H-element multiples and a lane's slice starts at lane * kN).
+template <int kN>
+__device__ __forceinline__ void LoadDims(const float* p, float (&v)[kN]) {
+  if constexpr (kN % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < kN / 4; ++j) {
+      const float4 a = reinterpret_cast<const float4*>(p)[j];
+      v[4 * j] = a.x, v[4 * j + 1] = a.y, v[4 * j + 2] = a.z, v[4 * j + 3] = a.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) v[i] = p[i];
+  }
+}
+template <int kN>
+__device__ __forceinline__ void LoadDims(const uint16_t* p, float (&v)[kN]) {
+  if constexpr (kN % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < kN / 4; ++j) {
+      const uint2 u = reinterpret_cast<const uint2*>(p)[j];
+      v[4 * j] = Bf16ToF32(static_cast<uint16_t>(u.x & 0xffffu));
+      v[4 * j + 1] = Bf16ToF32(static_cast<uint16_t>(u.x >> 16));
+      v[4 * j + 2] = Bf16ToF32(static_cast<uint16_t>(u.y & 0xffffu));
+      v[4 * j + 3] = Bf16ToF32(static_cast<uint16_t>(u.y >> 16));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) v[i] = Bf16ToF32(p[i]);
+  }
+}
+
+// dot(q, k) in the canonical order of numerics.h (WarpDot's bits), by one thread. q and k are
+// 16-byte aligned (q in shared memory; k a pool row, a multiple of H elements from the base).
+template <typename KV, int kH>
+__device__ __forceinline__ float CanonicalDot(const float* q, const KV* k) {
+  constexpr int kParts = Shape<kH>::kParts;
+  float part[kWarpSize];
+#pragma unroll
+  for (int l = 0; l < kWarpSize; ++l) part[l] = 0.0f;  // lanes past kParts own no element: +0
+#pragma unroll
+  for (int l = 0; l < kParts; ++l) {
+    float qv[kVec], kv[kVec];
+    LoadDims(q + l * kVec, qv);
+    LoadDims(k + l * kVec, kv);
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) acc = __fadd_rn(acc, __fmul_rn(qv[i], kv[i]));
+    part[l] = acc;
+  }
+  // The butterfly's levels, off = 16, 8, 4, 2, 1 (a counted loop, so it unrolls and part
+  // stays in registers).
+#pragma unroll
+  for (int level = 0; level < 5; ++level) {
+    const int off = (kWarpSize / 2) >> level;
+#pragma unroll
+    for (int l = 0; l < kWarpSize / 2; ++l) {
+      if (l < off) part[l] = __fadd_rn(part[l], part[l + off]);
+    }
+  }
+  return part[0];
+}
+
+// One warp's running softmax state: m and l (equal on every lane) and the lane's dimensions.
+template <int kH>
+struct State {
+  float acc[Shape<kH>::kDims];
+  float m, l;
+};
+
+// Per-warp shared scratch of one tile: pool rows (-1: invisible), then scores, then e_i.
+struct TileScratch {
+  int64_t row[kAttnTile];
+  float e[kAttnTile];
+};
+
+// Tile partial (mt, lt, acct) of TileStep, merged into st the same way.
+template <typename KV, int kH>
+__device__ __forceinline__ void TileStep(const float* q, const KV* k_pool, const KV* v_pool,
+                         const int64_t (&rows)[kTileParts], int64_t stride, int64_t kvh,
+                         float scale, int lane, TileScratch* ts, State<kH>* st) {
+  constexpr int kDims = Shape<kH>::kDims;
+  float sc[kTileParts];
+#pragma unroll
+  for (int part = 0; part < kTileParts; ++part) {
+    const int64_t r = rows[part];
+    sc[part] = r >= 0 ? __fmul_rn(CanonicalDot<KV, kH>(q, k_pool + r * stride + kvh * kH), scale)
+                      : 0.0f;
+    ts->row[part * kWarpSize + lane] = r;
+    ts->e[part * kWarpSize + lane] = sc[part];
+  }
+  __syncwarp();
+  float mt = 0.0f;
+  bool seen = false;
+  for (int i = 0; i < kAttnTile; ++i) {  // TileStep's max: increasing position
+    if (ts->row[i] < 0) continue;
+    const float s = ts->e[i];
+    mt = !seen || mt < s ? s : mt;
+    seen = true;
+  }
+  __syncwarp();  // every lane has read the scores before they become e_i
+#pragma unroll
+  for (int part = 0; part < kTileParts; ++part) {
+    if (rows[part] >= 0) ts->e[part * kWarpSize + lane] = expf(__fsub_rn(sc[part], mt));
+  }
+  __syncwarp();
+  float lt = 0.0f, acct[kDims] = {};
+  for (int i = 0; i < kAttnTile; ++i) {  // increasing position, as TileStep
+    const int64_t r = ts->row[i];
+    if (r < 0) continue;  // uniform across the warp
+    const float w = ts->e[i];
+    lt = __fadd_rn(lt, w);
+    float vv[kDims];
+    LoadDims(v_pool + r * stride + kvh * kH + lane * kDims, vv);
+#pragma unroll
+    for (int d = 0; d < kDims; ++d) acct[d] = __fadd_rn(acct[d], __fmul_rn(w, vv[d]));
+  }
+  __syncwarp();  // the next tile overwrites the scratch
+  const bool first = st->l == 0.0f;
+  const MergeWeights mw = first ? MergeWeights{mt, 0.0f, 1.0f} : MergeFactors(st->m, mt);
+  st->m = mw.m;
+  st->l = first ? lt : Merged(st->l, mw.a, lt, mw.b);
+#pragma unroll
+  for (int d = 0; d < kDims; ++d) {
+    st->acc[d] = first ? acct[d] : Merged(st->acc[d], mw.a, acct[d], mw.b);
+  }
+}
+
+// One warp per (token t, query head n), like AttendKernel; q staged in shared memory as f32.
+template <typename Q, typename KV, int kH>
+__global__ void __launch_bounds__(kWarps * kWarpSize)
+    LaneAttendKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
+                     const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale,
+                     int32_t window, Q* __restrict__ out) {
+  __shared__ __align__(16) float q_s[kWarps][kH];
+  __shared__ TileScratch scratch[kWarps];
+  const int wib = static_cast<int>(threadIdx.x / kWarpSize);
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + wib;
+  if (w >= dm.t * dm.n) return;  // uniform per warp; the kernel has no block barrier
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  const int64_t t = w / dm.n, n = w % dm.n, kvh = n / (dm.n / dm.k);
+  const int64_t pos = tb.positions[t], chain = tb.chain_of[t];
+  State<kH> st = {};
+  if (pos >= 0 && chain >= 0 && chain < dm.c) {
+    if (lane < Shape<kH>::kParts) {
+      float qv[kVec];
+      LoadChunk(q + w * kH + lane * kVec, kVec, qv);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) q_s[wib][lane * kVec + i] = qv[i];
+    }
+    __syncwarp();
+    const int32_t* seg = tb.segs + chain * dm.s * kSegFields;
+    for (int64_t j = FirstTile(pos, window); j <= LastTile(pos); ++j) {
+      int64_t rows[kTileParts];
+      bool any = false;
+#pragma unroll
+      for (int part = 0; part < kTileParts; ++part) {
+        const int64_t p = j * kAttnTile + part * kWarpSize + lane;
+        const int64_t r = KeyRow(seg, dm.s, tb.pages_flat, dm.pt, dm.p, dm.l, p);
+        rows[part] = r >= 0 && KeyVisible(p, pos, window) ? r : -1;
+        any = any || rows[part] >= 0;
+      }
+      if (!__any_sync(kFullMask, any)) continue;
+      TileStep<KV, kH>(q_s[wib], k_pool, v_pool, rows, dm.k * kH, kvh, scale, lane,
+                       &scratch[wib], &st);
+    }
+  }
+  constexpr int kDims = Shape<kH>::kDims;
+#pragma unroll
+  for (int d = 0; d < kDims; ++d) {
+    FromF32(Normalised(st.acc[d], st.l), out + w * kH + lane * kDims + d);
+  }
+}
+
+}  // namespace lanes
+}  // namespace prism
