@@ -171,12 +171,61 @@ __global__ void __launch_bounds__(kStaged ? kMaxThreads : kStreamThreads)
   }
 }
 
+// Short rows (D <= kStride, e.g. the per-head q/k norms): one warp per row, kWarpRows rows per
+// block. Every lane holds at most one chunk, so the canonical sum is the lane's chunk then the
+// butterfly, exactly WarpCanonicalSum; the max is exact. Same bits as NormRowsKernel, without a
+// 256-thread block (and its barriers) per 128-element row.
+constexpr int kWarpRows = 8;
+
+template <typename T>
+__global__ void __launch_bounds__(kWarpRows * kWarpSize)
+    NormWarpRowsKernel(NormArgs<T> a, int64_t m) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpRows + threadIdx.x / kWarpSize;
+  if (r >= m) return;  // uniform per warp
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  const int64_t off = r * a.d, d0 = static_cast<int64_t>(lane) * kVec;
+  const int cnt = d0 < a.d ? ChunkCount(d0, a.d) : 0;
+  float h[kVec] = {}, acc = 0.0f;
+  if (cnt > 0) LoadH(a, off + d0, cnt, h);
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    if (i < cnt) acc = __fadd_rn(acc, __fmul_rn(h[i], h[i]));
+  }
+  const float inv = InverseRms(WarpButterflySum(acc), a.d, a.eps);
+  float y[kVec] = {}, g[kVec] = {};
+  if (cnt > 0) LoadChunk(a.gamma + d0, cnt, g);
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {  // NormChunk's arithmetic (zeros past the row's end)
+    y[i] = __fmul_rn(__fmul_rn(h[i], inv), __fadd_rn(a.weight_offset, g[i]));
+  }
+  if (a.y != nullptr && cnt > 0) StoreChunk(a.y + off + d0, cnt, y);
+  if (a.q == nullptr) return;
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    if (i < cnt) amax = fmaxf(amax, fabsf(y[i]));
+  }
+#pragma unroll
+  for (int o = kWarpSize / 2; o > 0; o /= 2) {
+    amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, o));
+  }
+  const float qinv = QuantInverse(amax);
+  int8_t codes[kVec];
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) codes[i] = QuantCode(y[i], qinv);
+  if (cnt > 0) StoreCodes(a.q + off + d0, cnt, codes);
+  if (lane == 0) a.s[r] = QuantScale(amax);
+}
+
 template <typename T>
 ffi::Error Launch(cudaStream_t stream, int64_t m, const NormArgs<T>& a, const char* op) {
   if (m == 0) return ffi::Error::Success();
   PRISM_REQUIRE(m <= 0x7fffffff, std::string(op) + ": too many rows for one grid");
   const unsigned grid = static_cast<unsigned>(m);
-  if (a.d <= kMaxStagedD) {
+  if (a.d <= kStride) {
+    NormWarpRowsKernel<T><<<static_cast<unsigned>(CeilDiv(m, kWarpRows)), kWarpRows * kWarpSize,
+                            0, stream>>>(a, m);
+  } else if (a.d <= kMaxStagedD) {
     const int threads = RowBlockThreads(m, a.d);
     const size_t smem = static_cast<size_t>(CeilDiv(a.d, kVec) * kVec) * sizeof(float);
     NormRowsKernel<T, true><<<grid, threads, smem, stream>>>(a);

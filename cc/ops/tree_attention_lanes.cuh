@@ -130,6 +130,7 @@ __device__ __forceinline__ void TileStep(const float* q, const KV* k_pool, const
   __syncwarp();
   float mt = 0.0f;
   bool seen = false;
+#pragma unroll 16
   for (int i = 0; i < kAttnTile; ++i) {  // TileStep's max: increasing position
     if (ts->row[i] < 0) continue;
     const float s = ts->e[i];
@@ -142,16 +143,26 @@ __device__ __forceinline__ void TileStep(const float* q, const KV* k_pool, const
     if (rows[part] >= 0) ts->e[part * kWarpSize + lane] = expf(__fsub_rn(sc[part], mt));
   }
   __syncwarp();
+  // Increasing position, as TileStep; kBatch rows' values are loaded before any is added, so
+  // their loads are in flight together (one row per round trip made a tile cost 64 L2 trips).
+  constexpr int kBatch = 32 / kDims;  // 32 registers of values
   float lt = 0.0f, acct[kDims] = {};
-  for (int i = 0; i < kAttnTile; ++i) {  // increasing position, as TileStep
-    const int64_t r = ts->row[i];
-    if (r < 0) continue;  // uniform across the warp
-    const float w = ts->e[i];
-    lt = __fadd_rn(lt, w);
-    float vv[kDims];
-    LoadDims(v_pool + r * stride + kvh * kH + lane * kDims, vv);
+#pragma unroll 1
+  for (int i0 = 0; i0 < kAttnTile; i0 += kBatch) {
+    float vv[kBatch][kDims];
 #pragma unroll
-    for (int d = 0; d < kDims; ++d) acct[d] = __fadd_rn(acct[d], __fmul_rn(w, vv[d]));
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t r = ts->row[i0 + u];
+      if (r >= 0) LoadDims(v_pool + r * stride + kvh * kH + lane * kDims, vv[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (ts->row[i0 + u] < 0) continue;  // absent keys are never added (uniform per warp)
+      const float w = ts->e[i0 + u];
+      lt = __fadd_rn(lt, w);
+#pragma unroll
+      for (int d = 0; d < kDims; ++d) acct[d] = __fadd_rn(acct[d], __fmul_rn(w, vv[u][d]));
+    }
   }
   __syncwarp();  // the next tile overwrites the scratch
   const bool first = st->l == 0.0f;

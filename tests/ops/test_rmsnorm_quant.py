@@ -103,11 +103,17 @@ def test_row_invariance(device, rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_cuda_matches_cpu_bitwise(gpu, rng, dtype):
-    x, res = activations(rng, (37, 5376), dtype), activations(rng, (37, 5376), dtype)
-    gamma = rng.normal(0, 0.5, 5376).astype(np.float32)
+@pytest.mark.parametrize("m,d", [(37, 5376), (600, 128), (1000, 64), (9, 200), (70, 256)])
+def test_cuda_matches_cpu_bitwise(gpu, rng, dtype, m, d):
+    """D <= 256 runs the warp-per-row kernel, longer rows the block-per-row one."""
+    x, res = activations(rng, (m, d), dtype), activations(rng, (m, d), dtype)
+    gamma = rng.normal(0, 0.5, d).astype(np.float32)
     cpu = jax.devices("cpu")[0]
-    for fn, args in ((ops.add_rmsnorm_quant, (x, res, gamma)), (ops.rmsnorm, (x, gamma))):
+    for fn, args in (
+        (ops.add_rmsnorm_quant, (x, res, gamma)),
+        (ops.rmsnorm_quant, (x, gamma)),
+        (ops.rmsnorm, (x, gamma)),
+    ):
         out_gpu = run_on(gpu, fn, *args, eps=1e-6, weight_offset=1.0)
         out_cpu = run_on(cpu, fn, *args, eps=1e-6, weight_offset=1.0)
         for a, b in zip(jax.tree.leaves(out_gpu), jax.tree.leaves(out_cpu), strict=True):

@@ -317,7 +317,8 @@ def test_lane_kernel_matches_warp_kernel_bitwise(gpu, rng, monkeypatch, h, dtype
         outs.append(run_step(gpu, pool, tokens, window=window, pad_to=len(tokens) + 7))
         pools.append(pool)
     assert_bitwise_equal(outs[0], outs[1], f"lane vs warp kernel, H={h}")
-    assert_bitwise_equal(pools[0].k, pools[1].k, "same pool writes")
+    # Page 0 takes the padding tokens' colliding writes: excluded, as everywhere in this file.
+    assert_bitwise_equal(pools[0].k[1:], pools[1].k[1:], "same pool writes")
 
 
 def test_pools_updated_in_place_when_donated(rng):
