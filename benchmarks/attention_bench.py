@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import pathlib
 import subprocess
 import sys
@@ -314,9 +315,13 @@ def main() -> int:
     cfg = QUICK if args.quick else FULL
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+    # PRISM_COMMIT: a source tree exported without .git (git archive) says what it is.
+    commit = (
+        os.environ.get("PRISM_COMMIT")
+        or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    )
     dev = jax.devices()[0]
     meta = {
         "device": dev.device_kind, "platform": dev.platform, "jax": jax.__version__,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import pathlib
 import statistics
 import subprocess
@@ -322,6 +323,12 @@ def build(config: ModelConfig, args, times: dict) -> tuple[Engine, Baseline]:
 
 
 def meta(args, config: ModelConfig) -> dict:
+    if os.environ.get("PRISM_COMMIT"):  # a tree exported without .git (git archive HEAD)
+        return {**_meta(args, config), "commit": os.environ["PRISM_COMMIT"]}
+    return _meta(args, config)
+
+
+def _meta(args, config: ModelConfig) -> dict:
     git = ["git", "-C", str(ROOT)]
     commit = subprocess.run(
         [*git, "rev-parse", "--short", "HEAD"], text=True, capture_output=True

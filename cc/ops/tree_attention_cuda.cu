@@ -9,8 +9,8 @@
 // x and x + 32 to pool rows, scores are canonical warp dots (bit-identical to the CPU's),
 // then the lanes accumulate e_i * v_i over the tile in increasing position, each lane for its
 // own canonical chunks of H. Every sum has the CPU's order; only expf may differ by ulps.
-// Head dims 64, 128 and 256 take the faster lane kernel instead (tree_attention_lanes.cuh:
-// the same bits, one key per lane).
+// Head dims 64, 128 and 256 take the faster kernel of tree_attention_lanes.cuh instead (same
+// bits, coalesced rows, batched loads).
 // Command-buffer compatible: no allocation, no host synchronisation.
 #include <cuda_runtime.h>
 
@@ -209,7 +209,7 @@ ffi::Error Launch(cudaStream_t stream, const Q* q, const KV* k_new, const KV* v_
   PRISM_REQUIRE(blocks <= 0x7fffffff, "prism_tree_attention: T * N too large for one grid");
   const unsigned grid = static_cast<unsigned>(blocks);
   static_assert(lanes::kWarps == kAttnWarps, "both kernels use the same grid");
-  if (!WarpKernelForced()) {  // the lane kernel: same bits, no shuffle chain per key
+  if (!WarpKernelForced()) {  // tree_attention_lanes.cuh: same bits, batched coalesced loads
     switch (dm.h) {
       case 64: return LaunchLanes<64>(grid, stream, q, k_pool, v_pool, dm, tb, scale, window, out);
       case 128: return LaunchLanes<128>(grid, stream, q, k_pool, v_pool, dm, tb, scale, window, out);

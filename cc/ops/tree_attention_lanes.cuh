@@ -1,17 +1,16 @@
-// Tree attention with one key per lane: the fast path of tree_attention_cuda.cu for head dims
-// H in {64, 128, 256} (H a multiple of 32 and of kVec, at most kStride: every model we serve).
+// Tree attention, the fast path of tree_attention_cuda.cu for head dims H in {64, 128, 256}
+// (H a multiple of 32 and of kVec, at most kStride: every model we serve).
 //
 // Same grid and the same bits as AttendKernel (one warp per (token, query head), tiles in
-// increasing order, tree_attention.h's numerics); what changes is who computes what. In
-// AttendKernel the whole warp computes each score (lane l sums its kVec products, then the
-// butterfly) and walks the tile's keys one after another, so every key costs a chain of
-// dependent shuffles. Here lane x computes the whole score of tile position x (and x + 32) by
-// itself, replaying the canonical order: the 32 lane partials in registers, then the
-// butterfly's levels (partial[l] += partial[l + off]: the value every lane of the butterfly
-// ends with, since float addition is commutative). The tile's max and its sum of e_i are then
-// taken in increasing position from shared memory exactly as TileStep does, and e_i * v_i is
-// accumulated per dimension in increasing position, each lane owning H / 32 dimensions.
-// Included by tree_attention_cuda.cu only.
+// increasing order, tree_attention.h's numerics); what changes is how the work is laid out.
+// AttendKernel walks a tile's keys one at a time, each key a chain of dependent loads and
+// shuffles, and loads each V row once per round trip. Here (1) the warp splits into groups of
+// H / kVec lanes that score several keys at once, kRounds keys per group with their loads in
+// flight together, in the canonical dot order (lane partials, then the butterfly's levels);
+// (2) the tile's max and its sum of e_i are taken in increasing position from shared memory
+// exactly as TileStep does; (3) e_i * v_i is accumulated per dimension in increasing position,
+// each lane owning H / 32 dimensions, with a batch of V rows loaded before any is added.
+// Every row is read by consecutive lanes (coalesced). Included by tree_attention_cuda.cu only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -68,37 +67,6 @@ __device__ __forceinline__ void LoadDims(const uint16_t* p, float (&v)[kN]) {
   }
 }
 
-// dot(q, k) in the canonical order of numerics.h (WarpDot's bits), by one thread. q and k are
-// 16-byte aligned (q in shared memory; k a pool row, a multiple of H elements from the base).
-template <typename KV, int kH>
-__device__ __forceinline__ float CanonicalDot(const float* q, const KV* k) {
-  constexpr int kParts = Shape<kH>::kParts;
-  float part[kWarpSize];
-#pragma unroll
-  for (int l = 0; l < kWarpSize; ++l) part[l] = 0.0f;  // lanes past kParts own no element: +0
-#pragma unroll
-  for (int l = 0; l < kParts; ++l) {
-    float qv[kVec], kv[kVec];
-    LoadDims(q + l * kVec, qv);
-    LoadDims(k + l * kVec, kv);
-    float acc = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) acc = __fadd_rn(acc, __fmul_rn(qv[i], kv[i]));
-    part[l] = acc;
-  }
-  // The butterfly's levels, off = 16, 8, 4, 2, 1 (a counted loop, so it unrolls and part
-  // stays in registers).
-#pragma unroll
-  for (int level = 0; level < 5; ++level) {
-    const int off = (kWarpSize / 2) >> level;
-#pragma unroll
-    for (int l = 0; l < kWarpSize / 2; ++l) {
-      if (l < off) part[l] = __fadd_rn(part[l], part[l + off]);
-    }
-  }
-  return part[0];
-}
-
 // One warp's running softmax state: m and l (equal on every lane) and the lane's dimensions.
 template <int kH>
 struct State {
@@ -112,21 +80,62 @@ struct TileScratch {
   float e[kAttnTile];
 };
 
+// The tile's scores into ts->e (visible keys only), dot(q, k) * scale in WarpDot's bits. The
+// warp splits into kGroups groups of kParts lanes, one key per group per round; lane p of a
+// group holds q's chunk p and loads chunk p of the key row, so a row is read by consecutive
+// lanes (coalesced). The canonical butterfly's levels with off >= kParts only add the +0 of
+// lanes that own no element (done as `acc + 0`); the others are xor shuffles, which stay
+// inside the group. kRounds rounds load before any is summed, so their loads overlap.
+template <typename KV, int kH>
+__device__ __forceinline__ void TileScores(const float (&qc)[kVec], const KV* k_pool,
+                                           int64_t stride, int64_t kvh, float scale, int lane,
+                                           TileScratch* ts) {
+  constexpr int kParts = Shape<kH>::kParts;
+  constexpr int kGroups = kWarpSize / kParts;
+  constexpr int kRounds = 8;
+  constexpr int kBatchKeys = kGroups * kRounds;
+  static_assert(kWarpSize % kParts == 0 && kAttnTile % kBatchKeys == 0, "rounds tile the tile");
+  const int group = lane / kParts, part = lane % kParts;
+#pragma unroll 1
+  for (int i0 = 0; i0 < kAttnTile; i0 += kBatchKeys) {
+    float kv[kRounds][kVec];
+    int64_t rr[kRounds];
+#pragma unroll
+    for (int u = 0; u < kRounds; ++u) {
+      rr[u] = ts->row[i0 + u * kGroups + group];
+      if (rr[u] >= 0) {
+        LoadDims(k_pool + rr[u] * stride + kvh * kH + part * kVec, kv[u]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) kv[u][i] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kRounds; ++u) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) acc = __fadd_rn(acc, __fmul_rn(qc[i], kv[u][i]));
+#pragma unroll
+      for (int level = 0; level < 5; ++level) {
+        const int off = (kWarpSize / 2) >> level;
+        acc = __fadd_rn(acc, off >= kParts ? 0.0f : __shfl_xor_sync(kFullMask, acc, off));
+      }
+      if (part == 0 && rr[u] >= 0) ts->e[i0 + u * kGroups + group] = __fmul_rn(acc, scale);
+    }
+  }
+}
+
 // Tile partial (mt, lt, acct) of TileStep, merged into st the same way.
 template <typename KV, int kH>
-__device__ __forceinline__ void TileStep(const float* q, const KV* k_pool, const KV* v_pool,
-                         const int64_t (&rows)[kTileParts], int64_t stride, int64_t kvh,
-                         float scale, int lane, TileScratch* ts, State<kH>* st) {
+__device__ __forceinline__ void TileStep(const float (&qc)[kVec], const KV* k_pool,
+                                         const KV* v_pool, const int64_t (&rows)[kTileParts],
+                                         int64_t stride, int64_t kvh, float scale, int lane,
+                                         TileScratch* ts, State<kH>* st) {
   constexpr int kDims = Shape<kH>::kDims;
-  float sc[kTileParts];
 #pragma unroll
-  for (int part = 0; part < kTileParts; ++part) {
-    const int64_t r = rows[part];
-    sc[part] = r >= 0 ? __fmul_rn(CanonicalDot<KV, kH>(q, k_pool + r * stride + kvh * kH), scale)
-                      : 0.0f;
-    ts->row[part * kWarpSize + lane] = r;
-    ts->e[part * kWarpSize + lane] = sc[part];
-  }
+  for (int part = 0; part < kTileParts; ++part) ts->row[part * kWarpSize + lane] = rows[part];
+  __syncwarp();
+  TileScores<KV, kH>(qc, k_pool, stride, kvh, scale, lane, ts);
   __syncwarp();
   float mt = 0.0f;
   bool seen = false;
@@ -140,7 +149,8 @@ __device__ __forceinline__ void TileStep(const float* q, const KV* k_pool, const
   __syncwarp();  // every lane has read the scores before they become e_i
 #pragma unroll
   for (int part = 0; part < kTileParts; ++part) {
-    if (rows[part] >= 0) ts->e[part * kWarpSize + lane] = expf(__fsub_rn(sc[part], mt));
+    const int i = part * kWarpSize + lane;
+    if (rows[part] >= 0) ts->e[i] = expf(__fsub_rn(ts->e[i], mt));
   }
   __syncwarp();
   // Increasing position, as TileStep; kBatch rows' values are loaded before any is added, so
@@ -181,7 +191,6 @@ __global__ void __launch_bounds__(kWarps * kWarpSize)
     LaneAttendKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
                      const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale,
                      int32_t window, Q* __restrict__ out) {
-  __shared__ __align__(16) float q_s[kWarps][kH];
   __shared__ TileScratch scratch[kWarps];
   const int wib = static_cast<int>(threadIdx.x / kWarpSize);
   const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + wib;
@@ -191,13 +200,8 @@ __global__ void __launch_bounds__(kWarps * kWarpSize)
   const int64_t pos = tb.positions[t], chain = tb.chain_of[t];
   State<kH> st = {};
   if (pos >= 0 && chain >= 0 && chain < dm.c) {
-    if (lane < Shape<kH>::kParts) {
-      float qv[kVec];
-      LoadChunk(q + w * kH + lane * kVec, kVec, qv);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) q_s[wib][lane * kVec + i] = qv[i];
-    }
-    __syncwarp();
+    float qc[kVec];  // q's chunk of this lane's place in its group (see TileScores)
+    LoadChunk(q + w * kH + (lane % Shape<kH>::kParts) * kVec, kVec, qc);
     const int32_t* seg = tb.segs + chain * dm.s * kSegFields;
     for (int64_t j = FirstTile(pos, window); j <= LastTile(pos); ++j) {
       int64_t rows[kTileParts];
@@ -210,7 +214,7 @@ __global__ void __launch_bounds__(kWarps * kWarpSize)
         any = any || rows[part] >= 0;
       }
       if (!__any_sync(kFullMask, any)) continue;
-      TileStep<KV, kH>(q_s[wib], k_pool, v_pool, rows, dm.k * kH, kvh, scale, lane,
+      TileStep<KV, kH>(qc, k_pool, v_pool, rows, dm.k * kH, kvh, scale, lane,
                        &scratch[wib], &st);
     }
   }
