@@ -14,6 +14,7 @@ Family = Literal["gemma3", "llama", "qwen2", "qwen3"]
 FAMILIES: tuple[str, ...] = ("gemma3", "llama", "qwen2", "qwen3")
 LayerType = Literal["global", "sliding"]
 Precision = Literal["int8", "bf16", "fp32"]
+INT8_PROJECTIONS: tuple[str, ...] = ("qkv", "o", "gate_up", "down")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,8 +56,17 @@ class ModelConfig:
     max_position_embeddings: int = 32768
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # INT8 numerics, not the checkpoint (layers.py; docs/ACCURACY.md "INT8 quantisation"):
+    # the projections whose INT8 input rows carry a second INT8 digit (the row's rounding
+    # remainder at its own per-token scale), and those whose INT8 weights carry one (the
+    # remainder at its own per-output-channel scale). () and () is the single-digit model.
+    int8_two_digit_rows: tuple[str, ...] = INT8_PROJECTIONS
+    int8_two_digit_weights: tuple[str, ...] = INT8_PROJECTIONS
 
     def __post_init__(self) -> None:
+        for name in ("int8_two_digit_rows", "int8_two_digit_weights"):
+            unknown = set(getattr(self, name)) - set(INT8_PROJECTIONS)
+            assert not unknown, f"{name}: unknown {sorted(unknown)}, expected {INT8_PROJECTIONS}"
         assert self.num_heads % self.num_kv_heads == 0, (
             f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
         )

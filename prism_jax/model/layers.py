@@ -7,7 +7,11 @@ heads, K kv heads, G = N / K query heads per kv head, H head dim, V vocab, R rea
 One model, three precisions:
   int8  every projection is ops.int8_gemm on INT8 weights (one scale per output channel) and
         INT8 rows (one scale per token) made by the fused norm / activation custom calls; the
-        residual stream and attention are fp32.
+        residual stream and attention are fp32. Projections named in
+        config.int8_two_digit_rows get a second INT8 digit per row (the rounding remainder at
+        its own per-token scale: the same GEMM on twice the rows), those named in
+        config.int8_two_digit_weights a second INT8 weight matrix (the remainder at its own
+        per-output-channel scale: one more GEMM); each cuts that operand's error ~127x.
   bf16  XLA dots on bf16 weights and activations, fp32 softmax: HF's bf16 numerics, the
         accuracy reference and the "generic engine" baseline.
   fp32  XLA dots in fp32 at HIGHEST precision: ground truth.
@@ -49,10 +53,18 @@ def dot_precision(dtype) -> jax.lax.Precision:
 
 
 class Quantized(NamedTuple):
-    """An INT8 activation: codes [..., K] and one fp32 scale per row [...]."""
+    """An INT8 activation: codes [..., K] and one fp32 scale per row [...]; optionally a
+    second digit (q2, s2), the rows' rounding remainder quantised with its own per-row scale
+    (ops.quantize_remainder), so that the row is q * s + q2 * s2."""
 
     q: jax.Array
     s: jax.Array
+    q2: jax.Array | None = None
+    s2: jax.Array | None = None
+
+    def with_remainder(self, y: jax.Array) -> Quantized:
+        """Adds the second digit of the float rows y that (q, s) quantised."""
+        return Quantized(self.q, self.s, *ops.quantize_remainder(y, self.q, self.s))
 
 
 def _param(shape: tuple[int, ...], dtype, axes: tuple[str | None, ...]) -> nnx.Param:
@@ -73,6 +85,7 @@ def assign(var: nnx.Param, value, what: str) -> None:
 
 
 _quantize_weight = jax.jit(ops.quantize_weight)
+_quantize_remainder = jax.jit(ops.quantize_remainder)
 
 
 class Linear(nnx.Module):
@@ -90,6 +103,7 @@ class Linear(nnx.Module):
         precision: Precision,
         *,
         bias: bool = False,
+        two_digit_weights: bool = False,
     ) -> None:
         check_precision(precision)
         self.precision, self.in_dim, self.out = precision, in_dim, tuple(out)
@@ -97,7 +111,11 @@ class Linear(nnx.Module):
         if precision == "int8":
             self.w_q = _param(shape, jnp.int8, axes)
             self.s_w = _param(self.out, jnp.float32, axes[:-1])
-        else:
+        two = precision == "int8" and two_digit_weights
+        # The per-channel rounding remainder as its own INT8 matrix and scales.
+        self.w_q2 = _param(shape, jnp.int8, axes) if two else None
+        self.s_w2 = _param(self.out, jnp.float32, axes[:-1]) if two else None
+        if precision != "int8":
             self.w = _param(shape, WEIGHT_DTYPE[precision], axes)
         self.bias = _param(self.out, ACT_DTYPE[precision], axes[:-1]) if bias else None
 
@@ -110,6 +128,10 @@ class Linear(nnx.Module):
             q, s = _quantize_weight(w.reshape(-1, self.in_dim))  # (prod(out), K)
             assign(self.w_q, q.reshape(w.shape), what)
             assign(self.s_w, s.reshape(self.out), what + " scales")
+            if self.w_q2 is not None:
+                q2, s2 = _quantize_remainder(w.reshape(-1, self.in_dim), q, s)
+                assign(self.w_q2, q2.reshape(w.shape), what + " remainder")
+                assign(self.s_w2, s2.reshape(self.out), what + " remainder scales")
         else:
             assign(self.w, w.astype(self.w.dtype), what)
         assert (bias is None) == (self.bias is None), f"{what}: bias given iff the layer has one"
@@ -120,8 +142,7 @@ class Linear(nnx.Module):
         t = x.q.shape[0] if isinstance(x, Quantized) else x.shape[0]
         if self.precision == "int8":
             assert isinstance(x, Quantized), "the int8 model feeds projections INT8 rows"
-            w_q = self.w_q[...].reshape(-1, self.in_dim)  # (prod(out), K)
-            y = ops.int8_gemm(x.q, x.s, w_q, self.s_w[...].reshape(-1), out_dtype=jnp.float32)
+            y = self._int8(x, t)  # (T, prod(out))
         else:
             w = self.w[...].reshape(-1, self.in_dim)  # (prod(out), K)
             y = jax.lax.dot_general(
@@ -133,6 +154,26 @@ class Linear(nnx.Module):
             ).astype(x.dtype)
         y = y.reshape(t, *self.out)  # (T, *out)
         return y if self.bias is None else y + self.bias[...]
+
+    def _int8(self, x: Quantized, t: int) -> jax.Array:
+        """x1 W1 (+ x2 W1 when x has a second digit) (+ x1 W2 with two-digit weights), each an
+        exact int32 GEMM with its own fp32 epilogue; x2 W2 is below fp32 rounding. A row's
+        result never depends on the other rows, and the partial outputs add elementwise in a
+        fixed order, so the sum is as batch-invariant as one GEMM."""
+        w_q = self.w_q[...].reshape(-1, self.in_dim)  # (prod(out), K)
+        s_w = self.s_w[...].reshape(-1)
+        if x.q2 is None:
+            y = ops.int8_gemm(x.q, x.s, w_q, s_w, out_dtype=jnp.float32)  # (T, prod(out))
+            small = None
+        else:  # both digits in one GEMM: the weights are read once
+            q = jnp.concatenate([x.q, x.q2])  # (2T, K)
+            y2 = ops.int8_gemm(q, jnp.concatenate([x.s, x.s2]), w_q, s_w, out_dtype=jnp.float32)
+            y, small = y2[:t], y2[t:]  # (T, prod(out)) each
+        if self.w_q2 is not None:
+            w_q2 = self.w_q2[...].reshape(-1, self.in_dim)  # (prod(out), K)
+            y_w2 = ops.int8_gemm(x.q, x.s, w_q2, self.s_w2[...].reshape(-1), out_dtype=jnp.float32)
+            small = y_w2 if small is None else small + y_w2
+        return y if small is None else y + small
 
 
 def _rmsnorm_float(x: jax.Array, gamma: jax.Array, eps: float, offset: float) -> jax.Array:
@@ -162,11 +203,18 @@ class RMSNorm(nnx.Module):
             return ops.rmsnorm(x, self.gamma[...], eps=self.eps, weight_offset=self.offset)
         return _rmsnorm_float(x, self.gamma[...], self.eps, self.offset)
 
-    def project_input(self, h: jax.Array, delta: jax.Array | None):
+    def project_input(self, h: jax.Array, delta: jax.Array | None, *, two_digit: bool = False):
         """h += delta, then normalise h for a projection -> (projection input, new h).
 
-        int8 fuses the residual add, the norm and the row quantisation in one custom call.
+        int8 fuses the residual add, the norm and the row quantisation in one custom call;
+        two_digit (int8 only) normalises in the float custom call instead and quantises the
+        row and its remainder (Quantized.with_remainder) elementwise.
         """
+        if self.precision == "int8" and two_digit:
+            if delta is not None:
+                h = (delta.astype(jnp.float32) + h.astype(jnp.float32)).astype(h.dtype)
+            y = self(h)  # (T, D) fp32, ops.rmsnorm
+            return Quantized(*ops.quantize_rows(y)).with_remainder(y), h
         if self.precision == "int8":
             g = self.gamma[...]
             if delta is None:

@@ -58,8 +58,15 @@ class Attention(nnx.Module):
             ("kv_heads", None, "head_dim", "embed"),
             precision,
             bias=c.qkv_bias,
+            two_digit_weights="qkv" in c.int8_two_digit_weights,
         )
-        self.o = Linear(c.num_heads * c.head_dim, (c.hidden_size,), ("embed", "heads"), precision)
+        self.o = Linear(
+            c.num_heads * c.head_dim,
+            (c.hidden_size,),
+            ("embed", "heads"),
+            precision,
+            two_digit_weights="o" in c.int8_two_digit_weights,
+        )
         self.q_norm = RMSNorm(c.head_dim, c, precision, "head_dim") if c.qk_norm else None
         self.k_norm = RMSNorm(c.head_dim, c, precision, "head_dim") if c.qk_norm else None
 
@@ -75,7 +82,8 @@ class Attention(nnx.Module):
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
         a = attention(self.layer, q, k, v)  # (T, N*H)
         if self.precision == "int8":
-            a = Quantized(*ops.quantize_rows(a))
+            aq = Quantized(*ops.quantize_rows(a))
+            return self.o(aq.with_remainder(a) if "o" in c.int8_two_digit_rows else aq)  # (T, D)
         return self.o(a)  # (T, D)
 
 
@@ -85,16 +93,32 @@ class MLP(nnx.Module):
     def __init__(self, config: ModelConfig, precision: Precision) -> None:
         c = config
         self.activation, self.precision = c.activation, precision
+        self.two_digit = "down" in c.int8_two_digit_rows
         self.gate_up = Linear(
-            c.hidden_size, (2, c.intermediate_size), (None, "mlp", "embed"), precision
+            c.hidden_size,
+            (2, c.intermediate_size),
+            (None, "mlp", "embed"),
+            precision,
+            two_digit_weights="gate_up" in c.int8_two_digit_weights,
         )
-        self.down = Linear(c.intermediate_size, (c.hidden_size,), ("embed", "mlp"), precision)
+        self.down = Linear(
+            c.intermediate_size,
+            (c.hidden_size,),
+            ("embed", "mlp"),
+            precision,
+            two_digit_weights="down" in c.int8_two_digit_weights,
+        )
 
     def __call__(self, x: Quantized | jax.Array) -> jax.Array:
         gu = self.gate_up(x)  # (T, 2, F)
         gate, up = gu[:, 0], gu[:, 1]  # (T, F)
         if self.precision == "int8":
-            return self.down(Quantized(*ops.glu_quant(gate, up, activation=self.activation)))
+            a = Quantized(*ops.glu_quant(gate, up, activation=self.activation))
+            if self.two_digit:
+                a = Quantized(
+                    a.q, a.s, *ops.glu_remainder(gate, up, a.q, a.s, activation=self.activation)
+                )
+            return self.down(a)
         return self.down(glu(gate, up, self.activation))
 
 
@@ -104,6 +128,8 @@ class DecoderLayer(nnx.Module):
     def __init__(self, config: ModelConfig, layer: int, precision: Precision) -> None:
         c, d = config, config.hidden_size
         self.sandwich = c.sandwich_norms
+        self.two_digit_qkv = "qkv" in c.int8_two_digit_rows
+        self.two_digit_gate_up = "gate_up" in c.int8_two_digit_rows
         self.input_norm = RMSNorm(d, c, precision, "embed")
         self.attn = Attention(c, layer, precision)
         self.post_attn_norm = RMSNorm(d, c, precision, "embed") if c.sandwich_norms else None
@@ -114,11 +140,11 @@ class DecoderLayer(nnx.Module):
     def __call__(self, h, delta, positions, attention):
         """(h, delta) -> (h + delta + attention, mlp output): the residual add of the MLP
         output is left to the next layer's (or the final) norm."""
-        x, h = self.input_norm.project_input(h, delta)
+        x, h = self.input_norm.project_input(h, delta, two_digit=self.two_digit_qkv)
         o = self.attn(x, positions, attention)  # (T, D)
         if self.sandwich:
             o = self.post_attn_norm(o)
-        x, h = self.pre_mlp_norm.project_input(h, o)
+        x, h = self.pre_mlp_norm.project_input(h, o, two_digit=self.two_digit_gate_up)
         d = self.mlp(x)  # (T, D)
         if self.sandwich:
             d = self.post_mlp_norm(d)

@@ -8,9 +8,14 @@ Layers call these functions, never jax.ffi directly. Each op runs the XLA FFI cu
 from prism_jax.ops._registry import register
 from prism_jax.ops.candidate_head import candidate_head, vocab_logsumexp
 from prism_jax.ops.dispatch import current_impl, use_impl
-from prism_jax.ops.glu_quant import glu_quant
+from prism_jax.ops.glu_quant import glu_quant, glu_remainder
 from prism_jax.ops.int8_gemm import int8_gemm
-from prism_jax.ops.quantize import dequantize_rows, quantize_rows, quantize_weight
+from prism_jax.ops.quantize import (
+    dequantize_rows,
+    quantize_remainder,
+    quantize_rows,
+    quantize_weight,
+)
 from prism_jax.ops.rmsnorm_quant import add_rmsnorm_quant, rmsnorm, rmsnorm_quant
 from prism_jax.ops.tree_attention import pack_chains, tree_attention
 
@@ -22,8 +27,10 @@ __all__ = [
     "current_impl",
     "dequantize_rows",
     "glu_quant",
+    "glu_remainder",
     "int8_gemm",
     "pack_chains",
+    "quantize_remainder",
     "quantize_rows",
     "quantize_weight",
     "register",

@@ -14,7 +14,7 @@ import numpy as np
 from prism_jax.ops import _checks
 from prism_jax.ops._registry import require_target
 from prism_jax.ops.dispatch import Impl, resolve_impl
-from prism_jax.ops.quantize import quantize_rows
+from prism_jax.ops.quantize import quantize_remainder, quantize_rows
 
 OP = "glu_quant"
 ACTIVATIONS = {"gelu_tanh": 0, "silu": 1}
@@ -46,6 +46,19 @@ def _check(gate, up, activation: str) -> None:
 def glu_quant_reference(gate, up, activation: str):
     act = gelu_tanh if activation == "gelu_tanh" else silu
     return quantize_rows(act(gate.astype(jnp.float32)) * up.astype(jnp.float32))
+
+
+def glu_remainder(gate, up, a_q, s_a, *, activation: str):
+    """The second INT8 digit of glu_quant's rows: act(gate) * up - a_q * s_a, quantised per
+    row (quantize_remainder). The float activation is XLA's (tanh/exp elementwise; a row's
+    values do not depend on the other rows, tests/ops/test_glu_quant.py checks it), so it
+    may differ from the kernel's by an ulp: the remainder stays exact to that ulp.
+
+    Returns (codes int8 [..., F], scales float32 [...])."""
+    _check(gate, up, activation)
+    act = gelu_tanh if activation == "gelu_tanh" else silu
+    a = act(gate.astype(jnp.float32)) * up.astype(jnp.float32)
+    return quantize_remainder(a, a_q, s_a)
 
 
 def glu_quant(gate, up, *, activation: str, impl: Impl | None = None):

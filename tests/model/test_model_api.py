@@ -56,8 +56,14 @@ def test_27b_shapes_need_no_memory():
     state = nnx.state(abstract_model(C.GEMMA3_27B, "int8"))
     leaves = jax.tree.leaves(state)
     assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
-    weights = sum(x.size for x in leaves if x.ndim >= 2)  # projections and the embedding
+    named = [(jax.tree_util.keystr(k), x) for k, x in jax.tree_util.tree_leaves_with_path(state)]
+    # projections and the embedding; w_q2 is the second INT8 digit of the projections
+    weights = sum(x.size for k, x in named if x.ndim >= 2 and "w_q2" not in k)
     assert 26.8e9 < weights < 27.2e9, f"Gemma 3 27B's text model has ~27.0B weights: {weights}"
+    firsts = sum(x.size for k, x in named if "'w_q'" in k)
+    assert sum(x.size for k, x in named if "'w_q2'" in k) == firsts > 25e9, (
+        "every projection weight has its second INT8 digit"
+    )
 
 
 def test_step_inputs_are_checked(gemma):
