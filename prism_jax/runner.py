@@ -29,14 +29,22 @@ class Runner:
         self._compiled: dict[tuple, jax.stages.Compiled] = {}
         self.compilations = 0  # executables built by this runner (steady state: constant)
 
-        def fwd(params, kv, tokens, tables):
+        # The forward takes the weights as a flat list of arrays: flattening the nnx params
+        # pytree on every call cost milliseconds of host time per step; a list is C++-fast.
+        self._param_leaves, param_tree = jax.tree.flatten(params)
+
+        def fwd(leaves, kv, tokens, tables):
+            params = jax.tree.unflatten(param_tree, leaves)
             return model.forward_paged(params, config, kv, tokens, tables)
 
         self._forward = jax.jit(fwd, donate_argnums=1)
-        # Readouts take the gathered rows [R, D], so they are compiled per (R, C), not per T.
+        # Readouts take the gathered rows [R, D], so they are compiled per (R, C), not per T,
+        # and only the output embedding: passing the whole params pytree (hundreds of leaves)
+        # to every readout call cost milliseconds of host time per step.
+        self._embedding = model.output_embedding(params, config)
         self._gather = jax.jit(lambda h, r: h[r])
-        self._readout = jax.jit(lambda p, h, i, c: model.candidate_readout(p, config, h, i, c))
-        self._lse = jax.jit(lambda p, h: model.vocab_logsumexp(p, config, h))
+        self._readout = jax.jit(lambda e, h, i, c: model.candidate_head(e, config, h, i, c))
+        self._lse = jax.jit(lambda e, h: model.embedding_logsumexp(e, config, h))
 
     # --- shapes ----------------------------------------------------------------------------
     def _spec(self, shape, dtype=jnp.int32) -> jax.ShapeDtypeStruct:
@@ -55,7 +63,7 @@ class Runner:
             self._spec((t, e.chain_depth, 3)),
             self._spec((e.kv_pages,)),
         )
-        return (self.params, self.kv, self._spec((t,)), tables)
+        return (self._param_leaves, self.kv, self._spec((t,)), tables)
 
     def bucket_keys(self) -> list[tuple]:
         e = self.engine
@@ -76,11 +84,11 @@ class Runner:
         elif kind == "gather":
             lowered = self._gather.lower(self._hidden_spec(key[1]), self._spec((key[2],)))
         elif kind == "lse":
-            lowered = self._lse.lower(self.params, self._hidden_spec(key[1]))
+            lowered = self._lse.lower(self._embedding, self._hidden_spec(key[1]))
         else:
             r, c = key[1], key[2]
             lowered = self._readout.lower(
-                self.params, self._hidden_spec(r), self._spec((r, c)), self._spec((r,))
+                self._embedding, self._hidden_spec(r), self._spec((r, c)), self._spec((r,))
             )
         self.compilations += 1
         return lowered.compile()
@@ -104,7 +112,7 @@ class Runner:
         t = arrays["tokens"].shape[0]
         tables = paged_tables(arrays)
         hidden, self.kv = self.executable(("forward", t))(
-            self.params, self.kv, arrays["tokens"], tables
+            self._param_leaves, self.kv, arrays["tokens"], tables
         )
         return hidden
 
@@ -117,11 +125,11 @@ class Runner:
         r, c = arrays["cand_ids"].shape
         rows = self.executable(("gather", t, r))(hidden, arrays["rows"])  # (R, D)
         logits, logprobs = self.executable(("readout", r, c))(
-            self.params, rows, arrays["cand_ids"], arrays["cand_counts"]
+            self._embedding, rows, arrays["cand_ids"], arrays["cand_counts"]
         )
         lse = np.zeros(0, np.float32)
         if len(arrays["lse_of"]):
             r2 = arrays["lse_rows"].shape[0]
             lse_hidden = self.executable(("gather", t, r2))(hidden, arrays["lse_rows"])
-            lse = np.asarray(self.executable(("lse", r2))(self.params, lse_hidden))
+            lse = np.asarray(self.executable(("lse", r2))(self._embedding, lse_hidden))
         return np.asarray(logits), np.asarray(logprobs), lse

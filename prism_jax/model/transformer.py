@@ -286,26 +286,42 @@ def full_logits(params: Params, config: ModelConfig, hidden: jax.Array) -> jax.A
     return _softcap(logits, config.final_logit_softcap)
 
 
-def candidate_readout(
-    params: Params, config: ModelConfig, hidden_rows: jax.Array, ids: jax.Array, counts: jax.Array
+def output_embedding(params: Params, config: ModelConfig) -> jax.Array:
+    """The [V, D] table the readouts score against (the LM head, or the tied embedding)."""
+    return bind(params, config).output_embedding()
+
+
+def candidate_head(
+    emb: jax.Array, config: ModelConfig, hidden_rows: jax.Array, ids: jax.Array, counts: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
     """Candidate logits and log-probabilities renormalised over each row's candidates.
 
     Args:
+      emb: [V, D] output embedding (`output_embedding`).
       hidden_rows: [R, D] final-normed hidden states at the answer slots.
       ids: int32 [R, C] candidate token ids (padded); counts: int32 [R] valid per row.
 
     Returns:
       (logits f32 [R, C], logprobs f32 [R, C]); padding entries are -inf.
     """
-    emb = bind(params, config).output_embedding()
     return ops.candidate_head(hidden_rows, emb, ids, counts, softcap=config.final_logit_softcap)
+
+
+def candidate_readout(
+    params: Params, config: ModelConfig, hidden_rows: jax.Array, ids: jax.Array, counts: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """`candidate_head` on the model's output embedding."""
+    return candidate_head(output_embedding(params, config), config, hidden_rows, ids, counts)
+
+
+def embedding_logsumexp(emb: jax.Array, config: ModelConfig, hidden_rows: jax.Array) -> jax.Array:
+    """log sum_v exp(logit_v) over the full vocabulary of emb [V, D], f32 [R], streamed."""
+    return ops.vocab_logsumexp(hidden_rows, emb, softcap=config.final_logit_softcap)
 
 
 def vocab_logsumexp(params: Params, config: ModelConfig, hidden_rows: jax.Array) -> jax.Array:
     """log sum_v exp(logit_v) over the full vocabulary, f32 [R], streamed (no [R, V])."""
-    emb = bind(params, config).output_embedding()
-    return ops.vocab_logsumexp(hidden_rows, emb, softcap=config.final_logit_softcap)
+    return embedding_logsumexp(output_embedding(params, config), config, hidden_rows)
 
 
 # --- random weights ---------------------------------------------------------------------------
