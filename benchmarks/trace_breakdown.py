@@ -24,7 +24,7 @@ from jax.profiler import ProfileData
 GROUPS = (
     ("tree_attention", re.compile(r"AttendKernel|WriteKernel")),
     ("int8_gemm", re.compile(r"cutlass|Int8GemmKernel|DecodeKernel|int8_gemm", re.I)),
-    ("rmsnorm_quant", re.compile(r"NormRowsKernel")),
+    ("rmsnorm_quant", re.compile(r"Norm(Warp)?RowsKernel")),
     ("glu_quant", re.compile(r"GluRowsKernel")),
     ("candidate_head", re.compile(r"Candidate|Vocab(Tile|Merge)Kernel")),
     ("xla_dot", re.compile(r"gemm|nvjet|xmma|cublas|sm\d+_.*_(tn|nt|nn|tt)", re.I)),
