@@ -350,6 +350,8 @@ def _meta(args, config: ModelConfig) -> dict:
         "token_buckets": list(args.token_buckets),
         "chunk": args.chunk,
         "kv_pages": args.kv_pages,
+        "int8_two_digit_rows": list(config.int8_two_digit_rows),
+        "int8_two_digit_weights": list(config.int8_two_digit_weights),
         # Not a result: another model, another device or fewer runs than DESIGN.md asks for.
         "smoke": args.preset != "gemma3-27b"
         or bool(args.layers)
@@ -375,6 +377,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--scenarios", default=",".join(TITLES), help="comma-separated subset")
     p.add_argument("--profile", action="store_true", help="host / forward / readout split")
     p.add_argument(
+        "--single-digit", action="store_true", help="INT8 rows and weights with one digit each"
+    )
+    p.add_argument(
         "--trace",
         action="store_true",
         help="jax.profiler traces + per-op GPU time (breakdown.jsonl)",
@@ -392,6 +397,8 @@ def main(argv=None) -> None:
     config = PRESETS[args.preset]
     if args.layers:
         config = config.replace(num_layers=args.layers)
+    if args.single_digit:  # INT8 with one digit per row and weight (issue 7's option off)
+        config = config.replace(int8_two_digit_rows=(), int8_two_digit_weights=())
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     info = meta(args, config)
