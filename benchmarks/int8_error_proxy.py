@@ -14,7 +14,14 @@ Per variant (JSON lines): mean KL(fp32 || variant) over the full vocabulary at e
 and option position, top-1 agreement with fp32, mean |dp| and flips of the answer-slot
 decision (probabilities renormalised over the options' first tokens).
 
-    .venv/bin/python benchmarks/int8_error_proxy.py --items 60 --ablate types,layers
+Other modes: --digits "rows/weights;..." (emu with a second INT8 digit on the rows and/or
+weights of the projections named, "+"-joined; --alphas re-smooths), --sensitivity (int8 with
+the kernels vs with the pure-jnp references, one and two digits: how far ulp-level
+differences such as CPU vs CUDA carry) and --timing N (CPU time of one packed row).
+
+    .venv/bin/python benchmarks/int8_error_proxy.py --items 30 --ablate types,layers
+    .venv/bin/python benchmarks/int8_error_proxy.py --items 30 --skip-int8 \
+        --digits "qkv+o+gate_up+down/;qkv+o+gate_up+down/qkv+o+gate_up+down"
 """
 
 from __future__ import annotations
@@ -170,8 +177,14 @@ def metrics(ref, got, items) -> dict:
         pa, pb = pa / pa.sum(), pb / pb.sum()
         dps.append(float(np.abs(pa - pb).max()))
         flips += int(pa.argmax() != pb.argmax())
-    return dict(kl=kl / n, top1=top1 / n, positions=n, slot_mean_dp=float(np.mean(dps)),
-                slot_flips=flips, slot_n=len(dps))
+    return dict(
+        kl=kl / n,
+        top1=top1 / n,
+        positions=n,
+        slot_mean_dp=float(np.mean(dps)),
+        slot_flips=flips,
+        slot_n=len(dps),
+    )
 
 
 def main() -> None:
@@ -185,6 +198,7 @@ def main() -> None:
     ap.add_argument("--alphas", nargs="*", type=float, default=[])
     ap.add_argument("--skip-int8", action="store_true")
     ap.add_argument("--sensitivity", action="store_true", help="int8 kernels vs references")
+    ap.add_argument("--timing", type=int, default=0, metavar="N", help="time N int8 forwards")
     args = ap.parse_args()
     from prism_jax.chat_template import ChatTemplate  # noqa: PLC0415
     from prism_jax.tokenizer import Tokenizer  # noqa: PLC0415
@@ -205,6 +219,25 @@ def main() -> None:
         row = dict(variant=name, **metrics(ref, got, items), seconds=round(secs, 1))
         print(json.dumps(row), flush=True)
 
+    if args.timing:
+        # CPU cost of the digits: one packed 512-token row through the decoder (no readout).
+        tok_arrays = arrays[0]
+        for name, rows_, weights_ in (
+            ("one digit", (), ()),
+            ("two-digit rows", PROJ, ()),
+            ("two digits", PROJ, PROJ),
+        ):
+            cfg = config.replace(int8_two_digit_rows=rows_, int8_two_digit_weights=weights_)
+            params = params_from_hf(cfg, ck.tensors, "int8")
+            _forward(params, cfg, *tok_arrays).block_until_ready()
+            times = []
+            for _ in range(args.timing):
+                t = time.perf_counter()
+                _forward(params, cfg, *tok_arrays).block_until_ready()
+                times.append(time.perf_counter() - t)
+            row = dict(variant=f"int8 {name}", tokens=int(rows[0].valid.sum()))
+            print(json.dumps(row | dict(median_s=round(float(np.median(times)), 3))), flush=True)
+        return
     if args.sensitivity:
         # Kernels vs pure-jnp references (XLA's tanh vs libm's: ulp-level differences, like
         # CPU vs CUDA): how far do they carry through the single- and two-digit models?
