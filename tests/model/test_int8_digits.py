@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from prism_jax.config import INT8_PROJECTIONS, ModelConfig
+from prism_jax.config import INT8_PROJECTIONS, INT8_TWO_DIGITS, ModelConfig
 from prism_jax.model import init_random, params_from_hf
 from prism_jax.model.transformer import bind
 from tests.model.helpers import causal, mean_kl, run
@@ -25,9 +25,12 @@ def linears(model):
         yield f"{i}.down", "down", layer.mlp.down
 
 
-def test_defaults_are_two_digits_everywhere():
+def test_default_is_one_digit_and_names_are_checked():
+    """Two digits are opt-in (config.py says why); INT8_TWO_DIGITS names every projection."""
     config = ModelConfig.from_hf_config(TINY_HF_CONFIGS["gemma3"])
-    assert config.int8_two_digit_rows == config.int8_two_digit_weights == INT8_PROJECTIONS
+    assert config.int8_two_digit_rows == config.int8_two_digit_weights == ()
+    two = config.replace(**INT8_TWO_DIGITS)
+    assert two.int8_two_digit_rows == two.int8_two_digit_weights == INT8_PROJECTIONS
     with pytest.raises(AssertionError, match="unknown.*'mlp'"):
         config.replace(int8_two_digit_weights=("mlp",))
 
@@ -68,7 +71,8 @@ def test_two_digits_fix_planted_outliers(family, rng):
             smoothing=0.65,
         ),
     )
-    kl_two = mean_kl(ref, logits(config, tensors, "int8", tokens, smoothing=0.65))
+    two = config.replace(**INT8_TWO_DIGITS)
+    kl_two = mean_kl(ref, logits(two, tensors, "int8", tokens, smoothing=0.65))
     print(
         f"{family}: int8 KL one digit {kl_one:.1e}, two-digit rows {kl_rows:.1e}, both {kl_two:.1e}"
     )
@@ -79,7 +83,7 @@ def test_two_digits_fix_planted_outliers(family, rng):
 def test_two_digit_step_is_batch_invariant(rng):
     """A sequence's hidden states are bitwise the same alone and behind another sequence (the
     XLA-side remainders are elementwise; the GEMM sees twice the rows)."""
-    config = ModelConfig.from_hf_config(TINY_HF_CONFIGS["gemma3"])
+    config = ModelConfig.from_hf_config(TINY_HF_CONFIGS["gemma3"]).replace(**INT8_TWO_DIGITS)
     params = init_random(config, "int8", seed=1)
     a = rng.integers(0, config.vocab_size, 12).tolist()
     b = rng.integers(0, config.vocab_size, 9).tolist()
@@ -107,7 +111,7 @@ def test_real_model_int8_is_closer_to_fp32_than_bf16(name):
         ck = load_checkpoint(name)
     except (FileNotFoundError, CheckpointError) as e:
         pytest.skip(f"{name} not available: {e}")
-    config = ModelConfig.from_hf_config(ck.hf_config)
+    config = ModelConfig.from_hf_config(ck.hf_config).replace(**INT8_TWO_DIGITS)
     tokens = Tokenizer.from_dir(ck.directory).encode(REAL_TEXT, add_bos=True)
 
     def logits_of(precision, cfg=config):
