@@ -48,16 +48,20 @@ def glu_quant_reference(gate, up, activation: str):
     return quantize_rows(act(gate.astype(jnp.float32)) * up.astype(jnp.float32))
 
 
-def glu_remainder(gate, up, a_q, s_a, *, activation: str):
+def glu_remainder(gate, up, a_q, s_a, *, activation: str, impl: Impl | None = None):
     """The second INT8 digit of glu_quant's rows: act(gate) * up - a_q * s_a, quantised per
-    row (quantize_remainder). The float activation is XLA's (tanh/exp elementwise; a row's
-    values do not depend on the other rows, tests/ops/test_glu_quant.py checks it), so it
-    may differ from the kernel's by an ulp: the remainder stays exact to that ulp.
+    row (quantize_remainder).
+
+    The float activation comes from the glu_quant custom call itself, run on rows of one
+    element: such a row quantises to code +-127 with scale |a| / 127, so code * scale is a to
+    ~2 ulp, computed by the kernel's own tanh/exp. XLA's transcendental functions are never
+    used on the model's path (on the GPU they are not row-invariant, and they differ from the
+    kernel by more than an ulp).
 
     Returns (codes int8 [..., F], scales float32 [...])."""
     _check(gate, up, activation)
-    act = gelu_tanh if activation == "gelu_tanh" else silu
-    a = act(gate.astype(jnp.float32)) * up.astype(jnp.float32)
+    q1, s1 = glu_quant(gate.reshape(-1, 1), up.reshape(-1, 1), activation=activation, impl=impl)
+    a = (q1.astype(jnp.float32) * s1[:, None]).reshape(gate.shape)  # (..., F)
     return quantize_remainder(a, a_q, s_a)
 
 

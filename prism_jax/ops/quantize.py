@@ -29,7 +29,10 @@ def quantize_remainder(y: jax.Array, codes: jax.Array, scales: jax.Array):
     instead of 1 / 254. Elementwise and max only: no reduction whose order could vary.
 
     Returns (codes int8 [M, D], scales float32 [M])."""
-    return quantize_rows(y.astype(jnp.float32) - dequantize_rows(codes, scales))
+    # The barrier keeps XLA from contracting y - codes * scales into an FMA in some fusions
+    # (shapes) and not in others: every element is rounded the same way at any batch size.
+    y, first = jax.lax.optimization_barrier((y.astype(jnp.float32), dequantize_rows(codes, scales)))
+    return quantize_rows(y - first)
 
 
 def quantize_weight(w: jax.Array) -> tuple[jax.Array, jax.Array]:
