@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from prism_jax.config import ModelConfig  # noqa: E402
+from prism_jax.config import INT8_TWO_DIGITS, ModelConfig  # noqa: E402
 from prism_jax.model import full_logits, params_from_hf  # noqa: E402
 from prism_jax.model import smoothing as sm  # noqa: E402
 from prism_jax.model.attention_backends import MaskedAttention  # noqa: E402
@@ -247,7 +247,7 @@ def main() -> None:
             ("fp32", "fp32", config),
             ("bf16", "bf16", config),
             ("int8 one digit", "int8", one),
-            ("int8 two digits", "int8", config),
+            ("int8 two digits", "int8", config.replace(**INT8_TWO_DIGITS)),
         ):
             params = params_from_hf(cfg, ck.tensors, prec)
             ref, _ = run(params, name, cfg=cfg)
@@ -256,9 +256,13 @@ def main() -> None:
         return
     fp32 = params_from_hf(config, ck.tensors, "fp32")
     ref, _ = run(fp32, "fp32")
-    for prec in ("bf16",) if args.skip_int8 else ("bf16", "int8"):
-        params = params_from_hf(config, ck.tensors, prec)
-        emit(prec, *run(params, prec))
+    two = config.replace(**INT8_TWO_DIGITS)
+    variants = [("bf16", "bf16", config)]
+    if not args.skip_int8:
+        variants += [("int8", "int8", config), ("int8 two digits", "int8", two)]
+    for name, prec, cfg in variants:
+        params = params_from_hf(cfg, ck.tensors, prec)
+        emit(name, *run(params, name, cfg=cfg))
     del fp32
     L = config.num_layers
     every = {(i, p) for i in range(L) for p in PROJ}
