@@ -26,9 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import pathlib
-import subprocess
 import sys
 import time
 
@@ -39,6 +37,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import attention_cases as ac  # noqa: E402
 from attention_report import markdown  # noqa: E402
+from bench_common import commit, jsonl_emitter  # noqa: E402
 from gemm_bench import copy_bandwidth, stats, time_jax  # noqa: E402
 
 from prism_jax import ops  # noqa: E402
@@ -315,29 +314,16 @@ def main() -> int:
     cfg = QUICK if args.quick else FULL
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    # PRISM_COMMIT: a source tree exported without .git (git archive) says what it is.
-    commit = (
-        os.environ.get("PRISM_COMMIT")
-        or subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-    )
     dev = jax.devices()[0]
     meta = {
         "device": dev.device_kind, "platform": dev.platform, "jax": jax.__version__,
-        "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "quick": args.quick, "gemm_source": args.gemm, "shapes": {k: cfg[k] for k in "nkh"},
         "window": cfg["window"], "page_size": cfg["engine"].page_size,
     }  # fmt: skip
     rows, rc = [], 0
     with open(out / "attention.jsonl", "w") as sink:
-
-        def emit(row):
-            row = {**row, "device": meta["device"]}
-            print(json.dumps(row), flush=True)
-            sink.write(json.dumps(row) + "\n")
-            sink.flush()
-            rows.append(row)
+        emit = jsonl_emitter(sink, meta["device"], rows)
 
         emit({"meta": meta})
         try:

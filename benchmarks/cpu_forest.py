@@ -20,7 +20,8 @@ import statistics
 import subprocess
 import time
 
-from cpu_decide import STATE  # the same ticket as the HF comparison (benchmarks/ on sys.path)
+from bench_common import stats, timed  # benchmarks/ is sys.path[0] as a script
+from cpu_decide import STATE  # the same ticket as the HF comparison
 
 from prism_jax.engine import Engine
 
@@ -69,24 +70,6 @@ def long_state(engine: Engine, target_tokens: int) -> str:
         )
         i += 1
     return " ".join(lines)
-
-
-def timed(fn, runs: int) -> tuple[list[float], object]:
-    times, out = [], None
-    for _ in range(runs):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-    return times, out
-
-
-def stats(times: list[float]) -> dict:
-    return {
-        "median_ms": 1e3 * statistics.median(times),
-        "min_ms": 1e3 * min(times),
-        "max_ms": 1e3 * max(times),
-        "runs": len(times),
-    }
 
 
 def forest_vs_separate(engine: Engine, n: int, runs: int) -> dict:

@@ -31,17 +31,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import pathlib
 import statistics
-import subprocess
 import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from e2e_report import render  # benchmarks/ is sys.path[0] when run as a script
+from bench_common import commit, stats, timed  # benchmarks/ is sys.path[0] as a script
+from e2e_report import render
 
 from prism_jax import model
 from prism_jax.config import GEMMA3_27B, EngineConfig, ModelConfig
@@ -179,26 +178,6 @@ def baseline_requests(s: Scenario) -> list[tuple[np.ndarray, np.ndarray]]:
 # --- timing -----------------------------------------------------------------------------------
 
 
-def stats(times: list[float]) -> dict:
-    return {
-        "median_ms": 1e3 * statistics.median(times),
-        "min_ms": 1e3 * min(times),
-        "max_ms": 1e3 * max(times),
-        "runs": len(times),
-    }
-
-
-def timed(fn, runs: int, before=None) -> tuple[list[float], object]:
-    times, out = [], None
-    for _ in range(runs):
-        if before:
-            before()
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-    return times, out
-
-
 def compile_engine(engine: Engine, keys: list[tuple], compile_s: dict) -> None:
     for key in keys:
         name = "/".join(map(str, key))
@@ -323,21 +302,6 @@ def build(config: ModelConfig, args, times: dict) -> tuple[Engine, Baseline]:
 
 
 def meta(args, config: ModelConfig) -> dict:
-    if os.environ.get("PRISM_COMMIT"):  # a tree exported without .git (git archive HEAD)
-        return {**_meta(args, config), "commit": os.environ["PRISM_COMMIT"]}
-    return _meta(args, config)
-
-
-def _meta(args, config: ModelConfig) -> dict:
-    git = ["git", "-C", str(ROOT)]
-    commit = subprocess.run(
-        [*git, "rev-parse", "--short", "HEAD"], text=True, capture_output=True
-    ).stdout.strip()
-    dirty = bool(
-        subprocess.run(
-            [*git, "status", "--porcelain", "--untracked-files=no"], text=True, capture_output=True
-        ).stdout.strip()
-    )
     dev = jax.devices()[0]
     return {
         "preset": args.preset,
@@ -345,7 +309,7 @@ def _meta(args, config: ModelConfig) -> dict:
         "card": dev.device_kind,
         "platform": dev.platform,
         "jax": jax.__version__,
-        "commit": commit + ("+dirty" if dirty else ""),
+        "commit": commit(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "token_buckets": list(args.token_buckets),
         "chunk": args.chunk,

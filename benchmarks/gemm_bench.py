@@ -32,7 +32,10 @@ import time
 import jax
 import jax.numpy as jnp
 
-from prism_jax import ops
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from bench_common import jsonl_emitter  # noqa: E402
+
+from prism_jax import ops  # noqa: E402
 
 SHAPES = {"qkv": (8192, 5376), "o": (5376, 4096), "gate_up": (43008, 5376), "down": (5376, 21504)}
 SMOKE = {"tiny": (264, 512)}  # for a quick check of this script (--platform cpu --shapes tiny)
@@ -391,13 +394,7 @@ def main() -> int:
     }
     rows = []
     sink = open(out / "gemm.jsonl", "w")  # noqa: SIM115
-
-    def emit(row):
-        row = {**row, "device": meta["device"]}
-        print(json.dumps(row), flush=True)
-        sink.write(json.dumps(row) + "\n")
-        sink.flush()
-        rows.append(row)
+    emit = jsonl_emitter(sink, meta["device"], rows)
 
     emit({"meta": meta})
     with jax.default_device(gpu):
