@@ -11,6 +11,7 @@
   X("prism_rmsnorm_quant", PrismRmsNormQuantCpu, PrismRmsNormQuantCuda)        \
   X("prism_add_rmsnorm_quant", PrismAddRmsNormQuantCpu, PrismAddRmsNormQuantCuda) \
   X("prism_glu_quant", PrismGluQuantCpu, PrismGluQuantCuda)                    \
+  X("prism_glu_quant2", PrismGluQuant2Cpu, PrismGluQuant2Cuda)                 \
   X("prism_candidate_head", PrismCandidateHeadCpu, PrismCandidateHeadCuda)     \
   X("prism_vocab_logsumexp", PrismVocabLogSumExpCpu, PrismVocabLogSumExpCuda) \
   X("prism_tree_attention", PrismTreeAttentionCpu, PrismTreeAttentionCuda)

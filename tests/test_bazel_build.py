@@ -25,6 +25,7 @@ TARGETS = {
     "prism_rmsnorm_quant",
     "prism_add_rmsnorm_quant",
     "prism_glu_quant",
+    "prism_glu_quant2",
     "prism_candidate_head",
     "prism_vocab_logsumexp",
     "prism_tree_attention",

@@ -113,12 +113,9 @@ class MLP(nnx.Module):
         gu = self.gate_up(x)  # (T, 2, F)
         gate, up = gu[:, 0], gu[:, 1]  # (T, F)
         if self.precision == "int8":
-            a = Quantized(*ops.glu_quant(gate, up, activation=self.activation))
-            if self.two_digit:
-                a = Quantized(
-                    a.q, a.s, *ops.glu_remainder(gate, up, a.q, a.s, activation=self.activation)
-                )
-            return self.down(a)
+            # Two digits: (q, s, q2, s2) from one pass of the activation kernel.
+            quant = ops.glu_quant2 if self.two_digit else ops.glu_quant
+            return self.down(Quantized(*quant(gate, up, activation=self.activation)))
         return self.down(glu(gate, up, self.activation))
 
 

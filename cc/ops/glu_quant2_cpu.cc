@@ -1,0 +1,95 @@
+// prism_glu_quant2 on the CPU: glu_quant plus the second INT8 digit of each row (glu_quant2.h).
+//   gate, up [M, F] f32|bf16 -> q1 s8 [M, F], s1 f32 [M], q2 s8 [M, F], s2 f32 [M].
+// Each row is one pass of Activate (a kept in a row buffer, then overwritten by the remainder);
+// rows are spread over XLA's thread pool, and a row's bits never depend on which thread ran it.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cc/common.h"
+#include "cc/cpu_parallel.h"
+#include "cc/numerics.h"
+#include "cc/ops/glu_quant2.h"
+
+namespace prism {
+namespace {
+
+constexpr int64_t kElementsPerItem = 1 << 16;  // enough work per item to amortise scheduling
+
+struct Digits {
+  int8_t* q1;
+  float* s1;
+  int8_t* q2;
+  float* s2;
+};
+
+// One row: a[i] = Activate(gate) * up exactly as GluRows (glu_quant_cpu.cc), then in place
+// the remainder, then both digits. buf holds F floats.
+template <typename T>
+void GluRow2(const T* gate, const T* up, int64_t f, Activation act, float* buf, int8_t* q1,
+             float* s1, int8_t* q2, float* s2) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < f; ++i) {
+    buf[i] = Activate(act, ToF32(gate[i])) * ToF32(up[i]);
+    amax = std::max(amax, std::fabs(buf[i]));
+  }
+  const float inv = QuantInverse(amax), scale = QuantScale(amax);
+  float rmax = 0.0f;
+  for (int64_t i = 0; i < f; ++i) {
+    q1[i] = QuantCode(buf[i], inv);
+    buf[i] = QuantRemainder(buf[i], q1[i], scale);
+    rmax = std::max(rmax, std::fabs(buf[i]));
+  }
+  const float rinv = QuantInverse(rmax);
+  for (int64_t i = 0; i < f; ++i) q2[i] = QuantCode(buf[i], rinv);
+  *s1 = scale;
+  *s2 = QuantScale(rmax);
+}
+
+template <typename T>
+void GluRows2(ffi::ThreadPool& pool, const T* gate, const T* up, int64_t m, int64_t f,
+              Activation act, Digits out) {
+  const int64_t per_item = std::max<int64_t>(1, kElementsPerItem / std::max<int64_t>(f, 1));
+  ParallelFor(pool, (m + per_item - 1) / per_item, [&](int64_t item) {
+    std::vector<float> buf(f);
+    const int64_t end = std::min(m, (item + 1) * per_item);
+    for (int64_t r = item * per_item; r < end; ++r) {
+      GluRow2(gate + r * f, up + r * f, f, act, buf.data(), out.q1 + r * f, out.s1 + r,
+              out.q2 + r * f, out.s2 + r);
+    }
+  });
+}
+
+ffi::Error GluQuant2Cpu(ffi::ThreadPool pool, ffi::AnyBuffer gate, ffi::AnyBuffer up,
+                        ffi::Result<ffi::BufferR2<ffi::S8>> q1,
+                        ffi::Result<ffi::BufferR1<ffi::F32>> s1,
+                        ffi::Result<ffi::BufferR2<ffi::S8>> q2,
+                        ffi::Result<ffi::BufferR1<ffi::F32>> s2, int32_t activation) {
+  if (ffi::Error e = CheckGluQuant2(gate, up, activation); e.failure()) return e;
+  const int64_t m = gate.dimensions()[0], f = gate.dimensions()[1];
+  const auto act = static_cast<Activation>(activation);
+  const Digits out{q1->typed_data(), s1->typed_data(), q2->typed_data(), s2->typed_data()};
+  if (gate.element_type() == ffi::DataType::F32) {
+    GluRows2(pool, gate.reinterpret_data<float>(), up.reinterpret_data<float>(), m, f, act, out);
+  } else {
+    GluRows2(pool, gate.reinterpret_data<uint16_t>(), up.reinterpret_data<uint16_t>(), m, f, act,
+             out);
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace prism
+
+namespace ffi = xla::ffi;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismGluQuant2Cpu, prism::GluQuant2Cpu,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()            // gate [M, F] f32|bf16
+                                  .Arg<ffi::AnyBuffer>()            // up [M, F]
+                                  .Ret<ffi::BufferR2<ffi::S8>>()   // q1 [M, F]
+                                  .Ret<ffi::BufferR1<ffi::F32>>()  // s1 [M]
+                                  .Ret<ffi::BufferR2<ffi::S8>>()   // q2 [M, F]
+                                  .Ret<ffi::BufferR1<ffi::F32>>()  // s2 [M]
+                                  .Attr<int32_t>("activation"));
