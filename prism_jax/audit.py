@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from prism_jax.audit_suite import DEFAULT_SUITE
+from prism_jax.config import PRECISIONS
 from prism_jax.prompts import RenderedQuestion
 from prism_jax.questions import parse_questions
 
@@ -233,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         default="default",
         help="'default', a registered name, an HF safetensors directory or a .gguf file",
     )
-    parser.add_argument("--precision", default="int8", choices=["int8", "bf16", "fp32"])
+    parser.add_argument("--precision", default="int8", choices=PRECISIONS)
     parser.add_argument("--suite", help="JSONL of System One requests (default: built-in suite)")
     parser.add_argument("--out", help="write the JSON report here")
     args = parser.parse_args(argv)

@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Any
 
+from prism_jax.config import PRECISIONS
 from prism_jax.questions import DecisionRequestError
 
 
@@ -24,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--model", default="default",
                    help="'default' (Gemma 3 270M from PyPI), a registered name, an HF "
                         "safetensors directory or a .gguf file")
-    d.add_argument("--precision", default="int8", choices=["int8", "bf16", "fp32"])
+    d.add_argument("--precision", default="int8", choices=PRECISIONS,
+                   help="int8: two INT8 digits (decides like FP32); int8-1digit: faster")
     d.add_argument("--state", help="the state: text, or JSON if it parses as an object/array")
     d.add_argument("--choice", help="comma-separated options of one choice question")
     d.add_argument("--noul", action="store_true", help="ask a yes/no question instead")

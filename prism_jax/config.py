@@ -13,12 +13,16 @@ from typing import Any, Literal
 Family = Literal["gemma3", "llama", "qwen2", "qwen3"]
 FAMILIES: tuple[str, ...] = ("gemma3", "llama", "qwen2", "qwen3")
 LayerType = Literal["global", "sliding"]
-Precision = Literal["int8", "bf16", "fp32"]
+Precision = Literal["int8", "int8-1digit", "bf16", "fp32"]
+# What a user asks for: "int8" is INT8 as ModelConfig says (two digits by default),
+# "int8-1digit" the faster single-digit INT8 (one INT8 digit per row and per weight).
+PRECISIONS: tuple[str, ...] = ("int8", "int8-1digit", "bf16", "fp32")
 INT8_PROJECTIONS: tuple[str, ...] = ("qkv", "o", "gate_up", "down")
-# ModelConfig.replace(**INT8_TWO_DIGITS): the opt-in two-digit INT8 (docs/ACCURACY.md).
+# ModelConfig.replace(**INT8_TWO_DIGITS) / (**INT8_ONE_DIGIT): docs/ACCURACY.md "INT8 quantisation".
 INT8_TWO_DIGITS = dict(
     int8_two_digit_rows=INT8_PROJECTIONS, int8_two_digit_weights=INT8_PROJECTIONS
 )
+INT8_ONE_DIGIT = dict(int8_two_digit_rows=(), int8_two_digit_weights=())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,13 +67,13 @@ class ModelConfig:
     # INT8 numerics, not the checkpoint (layers.py; docs/ACCURACY.md "INT8 quantisation"):
     # the projections whose INT8 input rows carry a second INT8 digit (the row's rounding
     # remainder at its own per-token scale), and those whose INT8 weights carry one (the
-    # remainder at its own per-output-channel scale). () and () is the single-digit model, the
-    # default: two digits everywhere (INT8_TWO_DIGITS) match FP32 ~20x better than BF16 on CPU
-    # samples, but on the H200 they failed the forest bit-invariance test for Gemma (GELU's
-    # remainder is computed by XLA outside a custom call) and cost 1.9x the latency and twice
-    # the weight memory of the 27B benchmark (benchmarks/BENCHMARKS.md).
-    int8_two_digit_rows: tuple[str, ...] = ()
-    int8_two_digit_weights: tuple[str, ...] = ()
+    # remainder at its own per-output-channel scale). The default, two digits everywhere
+    # (INT8_TWO_DIGITS), is what makes INT8 decide like FP32 at least as faithfully as BF16
+    # (single-digit INT8 flips 3-5x more decisions than BF16 does: docs/ACCURACY.md); it costs
+    # 3x the INT8 multiply-adds and twice the weight memory. () and () (INT8_ONE_DIGIT, the
+    # precision "int8-1digit") is the single-digit model, for throughput over fidelity.
+    int8_two_digit_rows: tuple[str, ...] = INT8_PROJECTIONS
+    int8_two_digit_weights: tuple[str, ...] = INT8_PROJECTIONS
 
     def __post_init__(self) -> None:
         for name in ("int8_two_digit_rows", "int8_two_digit_weights"):
@@ -92,6 +96,19 @@ class ModelConfig:
         assert self.rope_llama3 is None or self.rope_scaling_factor == 1.0, (
             "rope_llama3 and linear rope_scaling_factor are exclusive"
         )
+
+    def for_precision(self, precision: str) -> tuple[ModelConfig, str]:
+        """A user-facing precision (PRECISIONS) -> (this config with its INT8 digits, the
+        model's precision "int8" / "bf16" / "fp32")."""
+        assert precision in PRECISIONS, f"precision must be one of {PRECISIONS}, got {precision!r}"
+        if precision == "int8-1digit":
+            return self.replace(**INT8_ONE_DIGIT), "int8"
+        return self, precision
+
+    def precision_name(self, model_precision: str) -> str:
+        """The inverse of for_precision: "int8-1digit" for a model without any second digit."""
+        one = not self.int8_two_digit_rows and not self.int8_two_digit_weights
+        return "int8-1digit" if model_precision == "int8" and one else model_precision
 
     @classmethod
     def from_hf_config(cls, d: dict[str, Any]) -> ModelConfig:

@@ -118,13 +118,17 @@ class Engine:
         progress: bool = True,
     ) -> Engine:
         """Loads an HF safetensors directory, a .gguf file or a registered model name
-        ("default" = Gemma 3 270M from PyPI), quantising to INT8 when precision="int8".
+        ("default" = Gemma 3 270M from PyPI), quantising to INT8 when precision is "int8" (two
+        INT8 digits per row and weight: decides like FP32 at least as well as BF16) or
+        "int8-1digit" (one digit: faster, less faithful; docs/ACCURACY.md).
         warmup=True (the default) compiles every step bucket now, with a progress bar, so no
         request ever waits for a compilation (the persistent compilation cache makes this fast
         after the first start); warmup=False compiles each bucket the first time it is used."""
         checkpoint = load_checkpoint(name_or_path)
-        config = ModelConfig.from_hf_config(checkpoint.hf_config)
-        params = model.params_from_hf(config, checkpoint.tensors, precision)
+        config, model_precision = ModelConfig.from_hf_config(checkpoint.hf_config).for_precision(
+            precision
+        )
+        params = model.params_from_hf(config, checkpoint.tensors, model_precision)
         tokenizer = Tokenizer.from_dir(checkpoint.directory)
         template = ChatTemplate.from_dir(checkpoint.directory)
         return cls(
@@ -140,7 +144,8 @@ class Engine:
 
     @property
     def precision(self) -> str:
-        return self.params.precision
+        """The user-facing precision (config.PRECISIONS), e.g. "int8" or "int8-1digit"."""
+        return self.config.precision_name(self.params.precision)
 
     def _check_fits(self, forest: Forest) -> None:
         longest = max(s.start + len(s.tokens) for s in forest.segments)
@@ -297,7 +302,7 @@ class Engine:
             "prefix_cache_hit_tokens": c.hit_tokens,
             "shared_prefix_tokens_total": self.shared_prefix_tokens_total,
             "kv_pool_bytes": self.pool.num_pages
-            * kv_bytes_per_page(self.config, self.pool.page_size, self.precision),
+            * kv_bytes_per_page(self.config, self.pool.page_size, self.params.precision),
             "compilations": self.runner.compilations,
         }
 

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from prism_jax.config import INT8_TWO_DIGITS, EngineConfig, ModelConfig
+from prism_jax.config import INT8_ONE_DIGIT, INT8_PROJECTIONS, EngineConfig, ModelConfig
 from prism_jax.engine import Engine
 from prism_jax.model import init_random
 from prism_jax.prompts import RenderedQuestion
@@ -43,15 +43,16 @@ def _question(rng, prefix, vocab, multi_token: bool) -> RenderedQuestion:
     return RenderedQuestion(prefix, branch, options)
 
 
-# "-two-digit": the opt-in two-digit INT8 (config.INT8_TWO_DIGITS, issue 7), whose GELU
-# remainder once came from XLA's tanh and lost bit-invariance on the GPU.
-@pytest.fixture(params=["gemma3", "qwen3", "gemma3-two-digit"])
+# The default INT8 has two digits (config.INT8_TWO_DIGITS, issue 7; its GELU remainder once
+# came from XLA's tanh and lost bit-invariance on the GPU); "-one-digit" is "int8-1digit".
+@pytest.fixture(params=["gemma3", "qwen3", "gemma3-one-digit"])
 def setup(request, device, rng):
-    family = request.param.removesuffix("-two-digit")
+    family = request.param.removesuffix("-one-digit")
     hf = dict(TINY_HF_CONFIGS[family], max_position_embeddings=2048)
     config = ModelConfig.from_hf_config(hf)
-    if request.param.endswith("-two-digit"):
-        config = config.replace(**INT8_TWO_DIGITS)
+    assert config.int8_two_digit_rows == config.int8_two_digit_weights == INT8_PROJECTIONS
+    if request.param.endswith("-one-digit"):
+        config = config.replace(**INT8_ONE_DIGIT)
     with jax.default_device(device):
         params = init_random(config, "int8", seed=int(rng.integers(1 << 30)))
         engine = Engine(config, params, None, None, engine_config=BUCKETS)

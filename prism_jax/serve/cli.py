@@ -50,9 +50,10 @@ def _model_flags(a: Any) -> None:
     a(
         "--precision",
         default="int8",
-        choices=["int8", "bf16"],
-        help="int8 (W8A8, reproducible "
-        "probabilities) or bf16 (the accuracy reference) (default: %(default)s)",
+        choices=["int8", "int8-1digit", "bf16"],
+        help="int8 (W8A8 with two INT8 digits: reproducible probabilities that decide like "
+        "FP32), int8-1digit (one digit: faster, less faithful) or bf16 (the accuracy "
+        "reference) (default: %(default)s)",
     )
 
 

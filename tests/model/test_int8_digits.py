@@ -25,12 +25,18 @@ def linears(model):
         yield f"{i}.down", "down", layer.mlp.down
 
 
-def test_default_is_one_digit_and_names_are_checked():
-    """Two digits are opt-in (config.py says why); INT8_TWO_DIGITS names every projection."""
+def test_default_is_two_digits_and_names_are_checked():
+    """Two digits are the default (config.py says why), "int8-1digit" turns them off."""
     config = ModelConfig.from_hf_config(TINY_HF_CONFIGS["gemma3"])
-    assert config.int8_two_digit_rows == config.int8_two_digit_weights == ()
-    two = config.replace(**INT8_TWO_DIGITS)
-    assert two.int8_two_digit_rows == two.int8_two_digit_weights == INT8_PROJECTIONS
+    assert config.int8_two_digit_rows == config.int8_two_digit_weights == INT8_PROJECTIONS
+    assert config == config.replace(**INT8_TWO_DIGITS)
+    one, precision = config.for_precision("int8-1digit")
+    assert (one.int8_two_digit_rows, one.int8_two_digit_weights, precision) == ((), (), "int8")
+    assert one.precision_name("int8") == "int8-1digit"
+    assert config.for_precision("int8") == (config, "int8")
+    assert config.precision_name("int8") == "int8"
+    with pytest.raises(AssertionError, match="precision must be one of"):
+        config.for_precision("int4")
     with pytest.raises(AssertionError, match="unknown.*'mlp'"):
         config.replace(int8_two_digit_weights=("mlp",))
 
