@@ -32,11 +32,14 @@ def silu(x):
 
 def _check(gate, up, activation: str) -> None:
     if activation not in ACTIVATIONS:
-        raise ValueError(f"{OP}: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        raise ValueError(
+            f"{OP}: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}"
+        )
     if gate.ndim < 1:
         raise ValueError(f"{OP}: gate must be float32 or bfloat16 [..., F], got a scalar")
-    _checks.require(OP, "gate", gate, rank=gate.ndim, dtypes=_checks.FLOAT_ACTIVATIONS,
-                    expected="[..., F]")
+    _checks.require(
+        OP, "gate", gate, rank=gate.ndim, dtypes=_checks.FLOAT_ACTIVATIONS, expected="[..., F]"
+    )
     if up.shape != gate.shape or up.dtype != gate.dtype:
         raise ValueError(
             f"{OP}: up must match gate ({_checks.describe(gate)}), got {_checks.describe(up)}"
@@ -81,7 +84,10 @@ def glu_quant(gate, up, *, activation: str, impl: Impl | None = None):
         return glu_quant_reference(gate, up, activation)
     require_target("prism_glu_quant")
     g2, u2 = gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1])  # (M, F)
-    outs = (jax.ShapeDtypeStruct(g2.shape, jnp.int8), jax.ShapeDtypeStruct(g2.shape[:1], jnp.float32))
+    outs = (
+        jax.ShapeDtypeStruct(g2.shape, jnp.int8),
+        jax.ShapeDtypeStruct(g2.shape[:1], jnp.float32),
+    )
     call = jax.ffi.ffi_call("prism_glu_quant", outs, vmap_method="sequential")
     q, s = call(g2, u2, activation=np.int32(ACTIVATIONS[activation]))
     return q.reshape(gate.shape), s.reshape(gate.shape[:-1])
@@ -118,8 +124,9 @@ def glu_quant2(gate, up, *, activation: str, impl: Impl | None = None):
     g2, u2 = gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1])  # (M, F)
     codes = jax.ShapeDtypeStruct(g2.shape, jnp.int8)
     scales = jax.ShapeDtypeStruct(g2.shape[:1], jnp.float32)
-    call = jax.ffi.ffi_call("prism_glu_quant2", (codes, scales, codes, scales),
-                            vmap_method="sequential")
+    call = jax.ffi.ffi_call(
+        "prism_glu_quant2", (codes, scales, codes, scales), vmap_method="sequential"
+    )
     q1, s1, q2, s2 = call(g2, u2, activation=np.int32(ACTIVATIONS[activation]))
     rows = gate.shape[:-1]
     return q1.reshape(gate.shape), s1.reshape(rows), q2.reshape(gate.shape), s2.reshape(rows)

@@ -1,0 +1,135 @@
+"""glu_quant2 (both INT8 digits of the gated activation in one custom call): the first digit
+is glu_quant's, bitwise; both digits against the pure-jnp reference (codes within one step:
+XLA's tanh/exp differ from libm by ulps); reconstruction to 1 / (127 * 254) of the row max;
+row invariance bitwise; no XLA transcendental on the model's path."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from prism_jax import ops
+from prism_jax.config import ModelConfig
+from prism_jax.model import init_random
+from prism_jax.model.layers import Quantized
+from prism_jax.model.transformer import bind
+from prism_jax.ops.glu_quant import gelu_tanh, silu
+from tests.conftest import assert_bitwise_equal, run_on
+from tests.model.tiny import TINY_HF_CONFIGS
+from tests.ops.invariance import check_row_invariance
+
+SHAPES = [(1, 1), (4, 1), (1, 1152), (3, 7), (9, 257), (33, 2048)]
+ACTIVATIONS = ["gelu_tanh", "silu"]
+DTYPES = [jnp.float32, jnp.bfloat16]
+
+
+def gate_up(rng, shape, dtype, scale=2.0):
+    """Random rows; with 3+ rows, row 1 is all zero and row 2 has one planted outlier."""
+    g = rng.normal(0, scale, shape).astype(np.float32)
+    u = rng.normal(0, scale, shape).astype(np.float32)
+    if shape[0] > 2:
+        u[1] = 0.0  # all-zero product row
+        g[2, rng.integers(0, shape[1])] = 40.0 * scale  # the row's max, far above the rest
+    return np.asarray(jnp.asarray(g).astype(dtype)), np.asarray(jnp.asarray(u).astype(dtype))
+
+
+def reference_activation(g, u, activation):
+    act = gelu_tanh if activation == "gelu_tanh" else silu  # run by XLA: ulps off the kernel
+    cpu = jax.devices("cpu")[0]
+    return run_on(cpu, lambda a, b: act(a.astype(jnp.float32)) * b.astype(jnp.float32), g, u)
+
+
+@pytest.mark.parametrize("m,f", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_first_digit_is_glu_quant(device, rng, m, f, dtype, activation):
+    g, u = gate_up(rng, (m, f), dtype)
+    q1, s1, _, _ = run_on(device, ops.glu_quant2, g, u, activation=activation)
+    q, s = run_on(device, ops.glu_quant, g, u, activation=activation)
+    assert_bitwise_equal(q1, q, "q1 vs glu_quant's codes")
+    assert_bitwise_equal(s1, s, "s1 vs glu_quant's scales")
+
+
+@pytest.mark.parametrize("m,f", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("scale", [2.0, 300.0])
+def test_matches_reference(device, rng, m, f, dtype, activation, scale):
+    g, u = gate_up(rng, (m, f), dtype, scale)
+    q1, s1, q2, s2 = run_on(device, ops.glu_quant2, g, u, activation=activation)
+    # The reference runs on the CPU, as in test_glu_quant.py (XLA's GPU tanh is cruder).
+    cpu = jax.devices("cpu")[0]
+    r1, t1, r2, t2 = run_on(cpu, ops.glu_quant2, g, u, activation=activation, impl="reference")
+    assert q1.dtype == q2.dtype == np.int8 and s1.shape == s2.shape == (m,)
+    assert np.abs(q1).max() <= 127 and np.abs(q2).max() <= 127
+    magnitude = np.abs(g.astype(np.float32) * u.astype(np.float32)).max(-1)
+    assert np.all(np.abs(s1 - t1) * 127 <= 1e-5 * magnitude + 1e-30), "first scales differ"
+    assert np.abs(q1.astype(np.int32) - r1).max() <= 1, "first codes differ by more than a step"
+    # Where the first codes agree, the remainders differ only by the activation's ulps, a few
+    # thousandths of a second-digit step: second codes within one step, scales close.
+    same = q1 == r1
+    assert np.abs(q2.astype(np.int32) - r2)[same].max(initial=0) <= 1, "second codes differ"
+    assert np.all(np.abs(s2 - t2) <= 1e-3 * t2 + 1e-6 * s1 + 1e-30), "second scales differ"
+    if m > 2:
+        assert s1[1] == s2[1] == 0 and not q1[1].any() and not q2[1].any(), "zero row"
+
+
+@pytest.mark.parametrize("m,f", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_two_digits_reconstruct_the_activation(device, rng, m, f, dtype, activation):
+    g, u = gate_up(rng, (m, f), dtype)
+    q1, s1, q2, s2 = run_on(device, ops.glu_quant2, g, u, activation=activation)
+    a = reference_activation(g, u, activation).astype(np.float64)
+    one = q1 * s1[:, None].astype(np.float64)
+    two = one + q2 * s2[:, None].astype(np.float64)
+    amax = np.abs(a).max(-1, keepdims=True)
+    # The remainder is at most half a first step (amax / 254), so its digit's step is at most
+    # amax / (127 * 254); two digits miss by half of that, plus XLA-vs-kernel activation ulps.
+    assert np.all(s2 <= s1 / 254 * (1 + 1e-5) + 1e-30), "second step above 1/254 of the first"
+    assert np.all(np.abs(two - a) <= amax / (127 * 254) * 0.5 + 1e-6 * amax + 1e-30)
+    if f >= 7:
+        rows = amax[:, 0] > 0
+        assert np.all(np.abs(two - a).max(-1)[rows] < np.abs(one - a).max(-1)[rows] / 50)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_row_invariance(device, rng, dtype, activation):
+    f = 1000
+    g, u = gate_up(rng, (1, f), dtype)
+
+    def others(n):
+        return gate_up(rng, (n, f), dtype)
+
+    check_row_invariance(device, ops.glu_quant2, [g[0], u[0]], others, activation=activation)
+
+
+def test_cuda_matches_cpu(gpu, rng):
+    """Both kernels call accurate tanhf/expf, so codes agree within a step (test_glu_quant)."""
+    g, u = gate_up(rng, (64, 21504 // 8), jnp.bfloat16)
+    cpu = jax.devices("cpu")[0]
+    for activation in ACTIVATIONS:
+        q1g, s1g, q2g, s2g = run_on(gpu, ops.glu_quant2, g, u, activation=activation)
+        q1c, s1c, q2c, s2c = run_on(cpu, ops.glu_quant2, g, u, activation=activation)
+        np.testing.assert_allclose(s1g, s1c, rtol=2e-6)
+        assert np.abs(q1g.astype(np.int32) - q1c).max() <= 1
+        same = q1g == q1c
+        assert np.abs(q2g.astype(np.int32) - q2c)[same].max(initial=0) <= 1
+        np.testing.assert_allclose(s2g, s2c, rtol=1e-3)
+
+
+@pytest.mark.parametrize("family", ["gemma3", "llama"])
+def test_model_mlp_leaves_transcendentals_to_the_kernel(family):
+    """XLA's tanh/exp are not row-invariant on the GPU: the two-digit int8 MLP must take both
+    digits of its activation from the custom call, with no XLA transcendental anywhere."""
+    config = ModelConfig.from_hf_config(TINY_HF_CONFIGS[family]).replace(
+        int8_two_digit_rows=("down",)
+    )
+    mlp = bind(init_random(config, "int8", seed=0), config).layers[0].mlp
+    q = jnp.zeros((4, config.hidden_size), jnp.int8)
+    s = jnp.ones((4,), jnp.float32)
+    jaxpr = str(jax.make_jaxpr(lambda q, s: mlp(Quantized(q, s)))(q, s))
+    assert "prism_glu_quant2" in jaxpr
+    for prim in ("tanh", "exp", "logistic", "erf"):
+        assert f" {prim}[" not in jaxpr and f"= {prim} " not in jaxpr, prim
