@@ -1,4 +1,5 @@
-"""glu_quant: a = act(gate) * up, then per-row INT8 quantisation (F ffw dim; rows flattened).
+"""glu_quant: a = act(gate) * up, then per-row INT8 quantisation (F ffw dim; rows flattened);
+glu_quant2: the same plus the second INT8 digit of each row, in one custom call.
 
 Activations: "gelu_tanh" (Gemma) and "silu" (Llama, Qwen). The transcendental functions run
 inside the custom call so XLA cannot vectorise them differently for different batch shapes;
@@ -60,6 +61,9 @@ def glu_remainder(gate, up, a_q, s_a, *, activation: str, impl: Impl | None = No
     ~2 ulp, computed by the kernel's own tanh/exp. XLA's transcendental functions are never
     used on the model's path (on the GPU they are not row-invariant, and they differ from the
     kernel by more than an ulp).
+
+    The model uses glu_quant2 instead (both digits in one pass, no one-element rows); only
+    tests/ops/test_quantize_remainder.py still calls this.
 
     Returns (codes int8 [..., F], scales float32 [...])."""
     _check(gate, up, activation)
