@@ -9,8 +9,9 @@
 // x and x + 32 to pool rows, scores are canonical warp dots (bit-identical to the CPU's),
 // then the lanes accumulate e_i * v_i over the tile in increasing position, each lane for its
 // own canonical chunks of H. Every sum has the CPU's order; only expf may differ by ulps.
-// Head dims 64, 128 and 256 take the faster kernel of tree_attention_lanes.cuh instead (same
-// bits, coalesced rows, batched loads).
+// Head dims 64, 128 and 256 take a faster kernel with the same bits: tree_attention_block.cuh
+// (K/V tiles in shared memory, shared by a block's tokens and GQA heads) when the step has
+// several tokens per chain, else tree_attention_lanes.cuh (coalesced rows, batched loads).
 // Command-buffer compatible: no allocation, no host synchronisation.
 #include <cuda_runtime.h>
 
@@ -25,6 +26,7 @@
 #include "cc/cuda_common.cuh"
 #include "cc/numerics.h"
 #include "cc/ops/tree_attention.h"
+#include "cc/ops/tree_attention_block.cuh"
 #include "cc/ops/tree_attention_lanes.cuh"
 
 namespace prism {
@@ -177,11 +179,18 @@ __global__ void __launch_bounds__(kAttnWarps * kWarpSize)
   }
 }
 
-// PRISM_TREE_ATTENTION_KERNEL=warp (tests and benchmarks) forces AttendKernel for every H.
-bool WarpKernelForced() {
+enum class Kernel { kAuto, kWarp, kLanes, kBlock };
+
+// PRISM_TREE_ATTENTION_KERNEL=warp|lanes|block (tests and benchmarks) forces a kernel; lanes
+// and block need H in {64, 128, 256} (block also G dividing its pairs) and fall back to warp.
+Kernel ForcedKernel() {
   const char* name = std::getenv("PRISM_TREE_ATTENTION_KERNEL");
-  return name != nullptr && std::string(name) == "warp";
+  const std::string s = name == nullptr ? "" : name;
+  return s == "warp" ? Kernel::kWarp : s == "lanes" ? Kernel::kLanes
+       : s == "block" ? Kernel::kBlock : Kernel::kAuto;
 }
+
+constexpr int kBlockPW = 4;  // pairs per warp of the block kernel: 32 (token, head) pairs
 
 template <int kH, typename Q, typename KV>
 ffi::Error LaunchLanes(unsigned grid, cudaStream_t stream, const Q* q, const KV* k_pool,
@@ -190,6 +199,38 @@ ffi::Error LaunchLanes(unsigned grid, cudaStream_t stream, const Q* q, const KV*
   lanes::LaneAttendKernel<Q, KV, kH><<<grid, lanes::kWarps * kWarpSize, 0, stream>>>(
       q, k_pool, v_pool, dm, tb, scale, window, out);
   return LaunchStatus("prism_tree_attention");
+}
+
+template <int kH, typename Q, typename KV>
+ffi::Error LaunchBlock(cudaStream_t stream, const Q* q, const KV* k_pool, const KV* v_pool,
+                       const Dims& dm, const Tables& tb, float scale, int32_t window, Q* out) {
+  constexpr size_t kSmem = block::SmemBytes<kH, kBlockPW>();
+  auto* kernel = block::BlockAttendKernel<Q, KV, kH, kBlockPW>;
+  static const cudaError_t attr = cudaFuncSetAttribute(  // once per instantiation
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+  PRISM_REQUIRE(attr == cudaSuccess, "prism_tree_attention: block kernel shared memory refused");
+  const int64_t qt = block::Shape<kH, kBlockPW>::kPairs / dm.g();
+  const dim3 grid(static_cast<unsigned>(CeilDiv(dm.t, qt)), static_cast<unsigned>(dm.k));
+  kernel<<<grid, block::kThreads, kSmem, stream>>>(q, k_pool, v_pool, dm, tb, scale, window, out);
+  return LaunchStatus("prism_tree_attention");
+}
+
+// The kernel for this step. Block shares each K/V tile among Qt tokens of one chain and the G
+// heads of a kv head, so it pays when chains have at least about a query tile of tokens
+// (forests, prefill chunks); one query per chain (decode) keeps the lanes kernel.
+Kernel ChooseKernel(const Dims& dm) {
+  const bool fast_h = dm.h == 64 || dm.h == 128 || dm.h == 256;
+  const int64_t pairs = block::kWarps * kBlockPW;
+  const bool block_ok = fast_h && dm.g() <= pairs && pairs % dm.g() == 0 &&
+                        CeilDiv(dm.t, pairs / dm.g()) <= 0x7fffffff && dm.k <= 65535;
+  Kernel k = ForcedKernel();
+  if (k == Kernel::kAuto) {
+    const int64_t qt = block_ok ? pairs / dm.g() : 1;
+    k = block_ok && dm.t >= qt * std::max<int64_t>(dm.c, 1) ? Kernel::kBlock : Kernel::kLanes;
+  }
+  if (k == Kernel::kBlock && !block_ok) k = Kernel::kLanes;
+  if (k == Kernel::kLanes && !fast_h) k = Kernel::kWarp;
+  return k;
 }
 
 template <typename Q, typename KV>
@@ -208,8 +249,17 @@ ffi::Error Launch(cudaStream_t stream, const Q* q, const KV* k_new, const KV* v_
   if (blocks == 0) return ffi::Error::Success();
   PRISM_REQUIRE(blocks <= 0x7fffffff, "prism_tree_attention: T * N too large for one grid");
   const unsigned grid = static_cast<unsigned>(blocks);
-  static_assert(lanes::kWarps == kAttnWarps, "both kernels use the same grid");
-  if (!WarpKernelForced()) {  // tree_attention_lanes.cuh: same bits, batched coalesced loads
+  static_assert(lanes::kWarps == kAttnWarps, "warp and lanes kernels use the same grid");
+  const Kernel kernel = ChooseKernel(dm);
+  if (kernel == Kernel::kBlock) {  // tree_attention_block.cuh: same bits, K/V shared in smem
+    switch (dm.h) {
+      case 64: return LaunchBlock<64>(stream, q, k_pool, v_pool, dm, tb, scale, window, out);
+      case 128: return LaunchBlock<128>(stream, q, k_pool, v_pool, dm, tb, scale, window, out);
+      case 256: return LaunchBlock<256>(stream, q, k_pool, v_pool, dm, tb, scale, window, out);
+      default: break;
+    }
+  }
+  if (kernel == Kernel::kLanes) {  // tree_attention_lanes.cuh: same bits, batched coalesced loads
     switch (dm.h) {
       case 64: return LaunchLanes<64>(grid, stream, q, k_pool, v_pool, dm, tb, scale, window, out);
       case 128: return LaunchLanes<128>(grid, stream, q, k_pool, v_pool, dm, tb, scale, window, out);

@@ -34,18 +34,19 @@ def cast(x, dtype):
     return np.array(jnp.asarray(x.astype(np.float32)).astype(dtype))  # writable copy
 
 
-def make_world(rng, n, nh, kh, h, dtype=jnp.bfloat16):
-    return World(*(cast(rng.normal(0, 1, (n, heads, h)), dtype) for heads in (nh, kh, kh)))
+def make_world(rng, n, nh, kh, h, dtype=jnp.bfloat16, q_dtype=None):
+    q, k, v = (cast(rng.normal(0, 1, (n, heads, h)), dtype) for heads in (nh, kh, kh))
+    return World(q if q_dtype is None else cast(np.float32(q), q_dtype), k, v)
 
 
 class Pool:
     """KV pools (NaN garbage) and a shuffled free list of pages 1..P-1."""
 
-    def __init__(self, rng, kh, h, dtype, taken=0):
+    def __init__(self, rng, kh, h, dtype, taken=0, pages=P):
         self.rng = rng
-        self.k = cast(np.full((P, L, kh, h), np.nan), dtype)
+        self.k = cast(np.full((pages, L, kh, h), np.nan), dtype)
         self.v = self.k.copy()
-        self.free = [int(p) for p in rng.permutation(np.arange(1, P))][taken:]
+        self.free = [int(p) for p in rng.permutation(np.arange(1, pages))][taken:]
 
     def segment(self, start, length):
         pages = [self.free.pop() for _ in range(-(-length // L))]
@@ -301,24 +302,156 @@ def test_cuda_matches_cpu(gpu, rng, dtype):
     np.testing.assert_allclose(outs[0], outs[1], rtol=tol, atol=tol)
 
 
+def forced_runs(gpu, monkeypatch, kernels, pool_of, steps):
+    """Runs the same steps once per forced kernel (fresh pool each time); returns per kernel the
+    outputs of every step and the final pools."""
+    results = []
+    for forced in kernels:
+        monkeypatch.setenv("PRISM_TREE_ATTENTION_KERNEL", forced)
+        pool = pool_of()
+        outs = [step(pool) for step in steps]
+        results.append((outs, pool))
+    return results
+
+
+def assert_same_kernels(results, kernels, what):
+    (ref_outs, ref_pool), *rest = results
+    for name, (outs, pool) in zip(kernels[1:], rest, strict=True):
+        for i, (a, b) in enumerate(zip(outs, ref_outs, strict=True)):
+            assert_bitwise_equal(a, b, f"{name} vs {kernels[0]} kernel, {what}, step {i}")
+        # Page 0 takes the padding tokens' colliding writes: excluded, as everywhere here.
+        assert_bitwise_equal(pool.k[1:], ref_pool.k[1:], f"{name}: same pool writes")
+        assert_bitwise_equal(pool.v[1:], ref_pool.v[1:], f"{name}: same pool writes")
+
+
 @pytest.mark.parametrize("h", [64, 128, 256])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("window", [0, 37])
 def test_lane_kernel_matches_warp_kernel_bitwise(gpu, rng, monkeypatch, h, dtype, window):
-    """H in {64, 128, 256} runs the one-key-per-lane kernel; forcing the warp kernel
-    (PRISM_TREE_ATTENTION_KERNEL=warp) must give the same bits: same dots, same expf."""
+    """H in {64, 128, 256} has the one-key-per-lane kernel; forcing it and the warp kernel
+    (PRISM_TREE_ATTENTION_KERNEL=lanes|warp) must give the same bits: same dots, same expf."""
     world = make_world(rng, 200, 8, 2, h, dtype)
     seed = int(rng.integers(1 << 31))
-    outs, pools = [], []
-    for forced in ("", "warp"):
-        monkeypatch.setenv("PRISM_TREE_ATTENTION_KERNEL", forced)
-        pool = Pool(np.random.default_rng(seed), 2, h, dtype)
+    kernels = ("warp", "lanes", "")  # "": the default choice
+
+    def step(pool):
         tokens = forest_tokens(np.random.default_rng(seed), pool, lambda b, n: world)
-        outs.append(run_step(gpu, pool, tokens, window=window, pad_to=len(tokens) + 7))
-        pools.append(pool)
-    assert_bitwise_equal(outs[0], outs[1], f"lane vs warp kernel, H={h}")
-    # Page 0 takes the padding tokens' colliding writes: excluded, as everywhere in this file.
-    assert_bitwise_equal(pools[0].k[1:], pools[1].k[1:], "same pool writes")
+        return run_step(gpu, pool, tokens, window=window, pad_to=len(tokens) + 7)
+
+    results = forced_runs(
+        gpu, monkeypatch, kernels, lambda: Pool(np.random.default_rng(seed), 2, h, dtype), [step]
+    )
+    assert_same_kernels(results, kernels, f"H={h}")
+
+
+@pytest.mark.parametrize("h", [64, 128, 256])
+@pytest.mark.parametrize("nh", [2, 4, 8])  # G = 1, 2, 4 with K = 2
+@pytest.mark.parametrize(
+    "dtype,q_dtype", [(jnp.float32,) * 2, (jnp.bfloat16,) * 2, (jnp.bfloat16, jnp.float32)]
+)
+@pytest.mark.parametrize("window", [0, 37])
+@pytest.mark.parametrize("order", ["shuffled", "sorted"])
+def test_block_kernel_matches_warp_kernel_bitwise(
+    gpu, rng, monkeypatch, h, nh, dtype, q_dtype, window, order
+):
+    """The block kernel (K/V tiles shared by a block's tokens and GQA heads) must give the warp
+    kernel's bits: forests whose chains interleave (shuffled) or change inside a query tile
+    (sorted), T not a multiple of the query tile, padding tokens, windows, bf16/f32 pools."""
+    kh = 2
+    world = make_world(rng, 200, nh, kh, h, dtype, q_dtype)
+    seed = int(rng.integers(1 << 31))
+    kernels = ("warp", "block", "lanes")
+
+    def step(pool):
+        tokens = forest_tokens(np.random.default_rng(seed), pool, lambda b, n: world, 4)
+        if order == "sorted":  # chains contiguous, in position order: how the engine steps
+            tokens.sort(key=lambda tk: (id(tk[0][-1]), tk[2]))
+        return run_step(gpu, pool, tokens, window=window, pad_to=len(tokens) + 13)
+
+    results = forced_runs(
+        gpu, monkeypatch, kernels, lambda: Pool(np.random.default_rng(seed), kh, h, dtype), [step]
+    )
+    assert_same_kernels(results, kernels, f"H={h} G={nh // kh} {order}")
+
+
+@pytest.mark.parametrize("h", [128, 256])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("window", [0, 1000])
+def test_block_kernel_long_state_bitwise(gpu, rng, monkeypatch, h, dtype, window):
+    """A ~2.5K-key state prefilled in one step, then a 40-token chunk after it (a prefix-cache
+    hit): block kernel == warp kernel bit for bit, pools included."""
+    nh, kh, n, chunk = 4, 2, 2600, 40
+    world = make_world(rng, n, nh, kh, h, dtype)
+    seed = int(rng.integers(1 << 31))
+    kernels = ("warp", "block")
+    pages = n // L + 8
+    chains = {}
+
+    def pool_of():
+        pool = Pool(np.random.default_rng(seed), kh, h, dtype, pages=pages)
+        chains["c"] = split_chain(np.random.default_rng(seed + 1), pool, n, 3)
+        return pool
+
+    def prefill(pool):
+        toks = [(chains["c"], world, p) for p in range(n - chunk)]
+        return run_step(gpu, pool, toks, window=window, pad_to=n - chunk + 5)
+
+    def tail(pool):
+        toks = [(chains["c"], world, p) for p in range(n - chunk, n)]
+        return run_step(gpu, pool, toks, window=window, pad_to=chunk + 9)
+
+    results = forced_runs(gpu, monkeypatch, kernels, pool_of, [prefill, tail])
+    assert_same_kernels(results, kernels, f"long state H={h}")
+
+
+def _butterfly_dot(q, k):
+    """numerics.h's canonical dot as a warp computes it: lane l sums elements l*8 .. l*8+7 from
+    +0 (mul, then add, in float32), then for off in 16, 8, 4, 2, 1 every lane adds lane l ^ off."""
+    lanes = np.zeros(32, np.float32)
+    for d in range(len(q)):
+        lanes[d // 8] = np.float32(lanes[d // 8] + np.float32(q[d] * k[d]))
+    for off in (16, 8, 4, 2, 1):
+        lanes = np.float32(lanes + lanes[np.arange(32) ^ off])
+    return lanes[0]
+
+
+def _block_dot(q, k):
+    """tree_attention_block.cuh's serial form: partials in bit-reversed lane order, the levels
+    with off >= H / 8 as `+ 0`, then a binary-counter stack (PushLeaf)."""
+    parts = len(q) // 8
+    log = parts.bit_length() - 1
+    stack = [np.float32(0)] * (log + 1)
+    for seq in range(parts):
+        lane = int(format(seq, f"0{log}b")[::-1], 2) if log else 0
+        acc = np.float32(0)
+        for d in range(lane * 8, lane * 8 + 8):
+            acc = np.float32(acc + np.float32(q[d] * k[d]))
+        for _ in range(5 - log):
+            acc = np.float32(acc + np.float32(0))
+        for b in range(log + 1):
+            if b == log or not (seq >> b) & 1:
+                stack[b] = acc
+                break
+            acc = np.float32(stack[b] + acc)
+    return stack[log]
+
+
+@pytest.mark.parametrize("h", [64, 128, 256])
+def test_block_dot_order_matches_butterfly(rng, h):
+    """CPU emulation of the block kernel's one-thread dot against the warp's butterfly, bit for
+    bit, on inputs that make the order visible: wide magnitudes, -0.0, denormals, cancellation."""
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        for trial in range(60):
+            scale = np.float32(10.0) ** rng.integers(-30, 30, h)
+            q = np.float32(rng.normal(0, 1, h) * scale)
+            k = np.float32(rng.normal(0, 1, h))
+            if trial % 3 == 0:  # signed zeros and denormals
+                q[rng.random(h) < 0.5] = np.float32(-0.0)
+                k[rng.random(h) < 0.2] = np.float32(1e-41)
+            if trial % 5 == 0:
+                q[:] = np.float32(-0.0)
+            a, b = _butterfly_dot(q, k), _block_dot(q, k)
+            assert_bitwise_equal(np.array([b]), np.array([a]), f"H={h} trial {trial}")
 
 
 def test_pools_updated_in_place_when_donated(rng):
