@@ -118,3 +118,65 @@ def test_cuda_matches_cpu_bitwise(gpu, rng, dtype, m, d):
         out_cpu = run_on(cpu, fn, *args, eps=1e-6, weight_offset=1.0)
         for a, b in zip(jax.tree.leaves(out_gpu), jax.tree.leaves(out_cpu), strict=True):
             assert_bitwise_equal(a, b, f"{fn.__name__}: CUDA vs CPU")
+
+
+LONG_D = [640, 1152, 4099, 4101, 5376]  # 4099, 4101: odd rows (scalar loads, a partial chunk)
+LONG_M = [1, 3, 16, 256, 416]
+
+
+def hard_rows(rng, m, d, dtype):
+    """Random rows plus the awkward ones: an outlier in row 0, an all-zero row, a tiny row, a
+    row whose only non-zero is its last element (the tail chunk)."""
+    x = rng.normal(0, 1.0, (m, d)).astype(np.float32)
+    x[0, rng.integers(d)] = 3e4
+    if m >= 3:
+        x[m // 2] = 0.0
+        x[1] *= 1e-15  # squares stay normal floats (no flush-to-zero question)
+        x[-1] = 0.0
+        x[-1, -1] = -7.0
+    return np.asarray(jnp.asarray(x).astype(dtype))
+
+
+def norm_family(x, res, gamma):
+    """(name, fn, args) for every op of the family: plain y, codes, residual sum + codes."""
+    return (
+        ("rmsnorm", ops.rmsnorm, (x, gamma)),
+        ("rmsnorm_quant", ops.rmsnorm_quant, (x, gamma)),
+        ("add_rmsnorm_quant", ops.add_rmsnorm_quant, (x, res, gamma)),
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", LONG_M)
+@pytest.mark.parametrize("d", LONG_D)
+def test_register_kernel_matches_block_kernel_and_cpu_bitwise(gpu, rng, monkeypatch, dtype, m, d):
+    """Rows of 256 < D <= 5376 run the one-warp-per-row register kernel; forcing the old
+    one-block-per-row kernel (PRISM_RMSNORM_KERNEL=block) and the CPU must give the same bits."""
+    x, res = hard_rows(rng, m, d, dtype), hard_rows(rng, m, d, dtype)
+    gamma = rng.normal(0, 0.5, d).astype(np.float32)
+    cpu = jax.devices("cpu")[0]
+    for name, fn, args in norm_family(x, res, gamma):
+        outs = []
+        for forced in ("", "block"):
+            monkeypatch.setenv("PRISM_RMSNORM_KERNEL", forced)
+            outs.append(run_on(gpu, fn, *args, eps=1e-6, weight_offset=1.0))
+        monkeypatch.delenv("PRISM_RMSNORM_KERNEL")
+        ref = run_on(cpu, fn, *args, eps=1e-6, weight_offset=1.0)
+        for new, old, want in zip(*map(jax.tree.leaves, (outs[0], outs[1], ref)), strict=True):
+            assert_bitwise_equal(new, old, f"{name}: register vs block kernel")
+            assert_bitwise_equal(new, want, f"{name}: CUDA vs CPU")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [5376, 4101])
+def test_register_kernel_many_rows_llama_style(gpu, rng, dtype, d):
+    """Many rows (4 rows per block), Llama's eps and offset 0, CUDA vs CPU bitwise."""
+    m = 1000
+    x, res = hard_rows(rng, m, d, dtype), hard_rows(rng, m, d, dtype)
+    gamma = rng.normal(0, 0.5, d).astype(np.float32)
+    cpu = jax.devices("cpu")[0]
+    for name, fn, args in norm_family(x, res, gamma):
+        out = run_on(gpu, fn, *args, eps=1e-5, weight_offset=0.0)
+        ref = run_on(cpu, fn, *args, eps=1e-5, weight_offset=0.0)
+        for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ref), strict=True):
+            assert_bitwise_equal(a, b, f"{name}: CUDA vs CPU")
