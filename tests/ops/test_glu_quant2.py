@@ -33,6 +33,12 @@ def gate_up(rng, shape, dtype, scale=2.0):
     return np.asarray(jnp.asarray(g).astype(dtype)), np.asarray(jnp.asarray(u).astype(dtype))
 
 
+def activation_noise(g, u):
+    """A bound on |XLA's act(g) * u - the kernel's|: tanh/exp a few ulps apart, which GELU's
+    1 + tanh cancellation (very negative gate) turns into ulps of |g * u|, not of the result."""
+    return 3e-7 * np.abs(g.astype(np.float64) * u.astype(np.float64))
+
+
 def reference_activation(g, u, activation):
     act = gelu_tanh if activation == "gelu_tanh" else silu  # run by XLA: ulps off the kernel
     cpu = jax.devices("cpu")[0]
@@ -65,9 +71,10 @@ def test_matches_reference(device, rng, m, f, dtype, activation, scale):
     magnitude = np.abs(g.astype(np.float32) * u.astype(np.float32)).max(-1)
     assert np.all(np.abs(s1 - t1) * 127 <= 1e-5 * magnitude + 1e-30), "first scales differ"
     assert np.abs(q1.astype(np.int32) - r1).max() <= 1, "first codes differ by more than a step"
-    # Where the first codes agree, the remainders differ only by the activation's ulps, a few
-    # thousandths of a second-digit step: second codes within one step, scales close.
-    same = q1 == r1
+    # Where the first codes agree and the activations differ by under a quarter of a second
+    # step, the remainders do too: second codes within one step. Elsewhere (one-element rows,
+    # whose remainder is ulp-sized; GELU's cancelling tails) the second digit is ulp noise.
+    same = (q1 == r1) & (activation_noise(g, u) <= 0.25 * s2[:, None])
     assert np.abs(q2.astype(np.int32) - r2)[same].max(initial=0) <= 1, "second codes differ"
     assert np.all(np.abs(s2 - t2) <= 1e-3 * t2 + 1e-6 * s1 + 1e-30), "second scales differ"
     if m > 2:
@@ -85,9 +92,10 @@ def test_two_digits_reconstruct_the_activation(device, rng, m, f, dtype, activat
     two = one + q2 * s2[:, None].astype(np.float64)
     amax = np.abs(a).max(-1, keepdims=True)
     # The remainder is at most half a first step (amax / 254), so its digit's step is at most
-    # amax / (127 * 254); two digits miss by half of that, plus XLA-vs-kernel activation ulps.
+    # amax / (127 * 254); two digits miss by half of that, plus XLA-vs-kernel activation noise.
     assert np.all(s2 <= s1 / 254 * (1 + 1e-5) + 1e-30), "second step above 1/254 of the first"
-    assert np.all(np.abs(two - a) <= amax / (127 * 254) * 0.5 + 1e-6 * amax + 1e-30)
+    bound = amax / (127 * 254) * 0.5 * (1 + 1e-5) + activation_noise(g, u) + 1e-30
+    assert np.all(np.abs(two - a) <= bound), "two digits miss by more than half a step"
     if f >= 7:
         rows = amax[:, 0] > 0
         assert np.all(np.abs(two - a).max(-1)[rows] < np.abs(one - a).max(-1)[rows] / 50)
