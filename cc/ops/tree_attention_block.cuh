@@ -13,7 +13,7 @@
 //     with separate mul and add, the butterfly levels whose offset is >= H / kVec as `+ 0`, then
 //     the remaining levels as a tree (leaves visited in bit-reversed order, so each level adds
 //     partial[i] and partial[i + off] exactly as the xor shuffle does); s = dot * scale.
-//   max: every lane scans its pairs' visible scores in increasing position (TileStep's max).
+//   max: TileStep's serial max as an exact (value, position) butterfly over the warp.
 //   e_i = expf(s_i - mt), then lane l owns H / 32 dimensions of each pair and adds lt and
 //     e_i * v_i over the visible keys in increasing position; merge as TileStep.
 // Visibility is per pair (its token's position, window and chain): a 64-bit mask per pair,
@@ -245,7 +245,8 @@ __global__ void __launch_bounds__(kThreads, kH <= 128 ? 2 : 1)
         const Token tk = toks[(warp * kPW + i) / g_count];
         const bool mine = tk.ci == ci;
         const int64_t p = j * kAttnTile + lane;
-        const unsigned lo = __ballot_sync(kFullMask, mine && row_lo && KeyVisible(p, tk.pos, window));
+        const unsigned lo =
+            __ballot_sync(kFullMask, mine && row_lo && KeyVisible(p, tk.pos, window));
         const unsigned hi = __ballot_sync(
             kFullMask, mine && row_hi && KeyVisible(p + kWarpSize, tk.pos, window));
         mask[i] = static_cast<uint64_t>(lo) | (static_cast<uint64_t>(hi) << 32);
@@ -289,26 +290,37 @@ __global__ void __launch_bounds__(kThreads, kH <= 128 ? 2 : 1)
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
           s[i][u] = __fmul_rn(stack[i][u][S::kLog], scale);
-          if ((mask[i] >> (lane + u * kWarpSize)) & 1u) scw[i * kAttnTile + lane + u * kWarpSize] = s[i][u];
         }
       }
-      __syncwarp();
-      // TileStep's max, in increasing position, over each pair's visible keys.
+      // TileStep's max: a serial scan `mt = !seen || mt < s ? s : mt` in increasing position
+      // yields the first visible score if it is NaN, else the first-positioned maximum of the
+      // non-NaN scores (NaNs after the first are never taken; -0 and +0 tie, the earlier stays).
+      // That is an associative (value, position) choice, so a butterfly gives the same bits.
       float mt[kPW];
 #pragma unroll
       for (int i = 0; i < kPW; ++i) {
-        mt[i] = 0.0f;
-        bool seen = false;
-        uint64_t bits = mask[i];
-        while (bits != 0) {  // uniform: the mask is the warp's
-          const int x = __ffsll(static_cast<long long>(bits)) - 1;
-          bits &= bits - 1;
-          const float v = scw[i * kAttnTile + x];
-          mt[i] = !seen || mt[i] < v ? v : mt[i];
-          seen = true;
+        float best = 0.0f;
+        int at = kAttnTile;  // kAttnTile: none yet
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int x = lane + u * kWarpSize;
+          const float v = s[i][u];
+          if (((mask[i] >> x) & 1u) && !isnan(v) && (at == kAttnTile || best < v)) best = v, at = x;
         }
+#pragma unroll
+        for (int off = kWarpSize / 2; off > 0; off /= 2) {
+          const float ob = __shfl_xor_sync(kFullMask, best, off);
+          const int oat = __shfl_xor_sync(kFullMask, at, off);
+          const bool take = oat != kAttnTile &&
+                            (at == kAttnTile || best < ob || (!(ob < best) && oat < at));
+          best = take ? ob : best;
+          at = take ? oat : at;
+        }
+        const int first = mask[i] != 0 ? __ffsll(static_cast<long long>(mask[i])) - 1 : 0;
+        const float sf =
+            __shfl_sync(kFullMask, first < kWarpSize ? s[i][0] : s[i][1], first % kWarpSize);
+        mt[i] = isnan(sf) ? sf : best;
       }
-      __syncwarp();  // every lane has read the scores before they become e_i
 #pragma unroll
       for (int i = 0; i < kPW; ++i) {
 #pragma unroll
@@ -350,7 +362,9 @@ __global__ void __launch_bounds__(kThreads, kH <= 128 ? 2 : 1)
           const float w = scw[i * kAttnTile + x];
           lt[i] = __fadd_rn(lt[i], w);
 #pragma unroll
-          for (int d = 0; d < S::kDims; ++d) acct[i][d] = __fadd_rn(acct[i][d], __fmul_rn(w, vv[d]));
+          for (int d = 0; d < S::kDims; ++d) {
+            acct[i][d] = __fadd_rn(acct[i][d], __fmul_rn(w, vv[d]));
+          }
         }
       }
       // Merge (TileStep's), only for pairs that saw a key in this tile.
@@ -358,7 +372,8 @@ __global__ void __launch_bounds__(kThreads, kH <= 128 ? 2 : 1)
       for (int i = 0; i < kPW; ++i) {
         if (mask[i] == 0) continue;  // uniform
         const bool first = st_l[i] == 0.0f;
-        const MergeWeights mw = first ? MergeWeights{mt[i], 0.0f, 1.0f} : MergeFactors(st_m[i], mt[i]);
+        const MergeWeights mw =
+            first ? MergeWeights{mt[i], 0.0f, 1.0f} : MergeFactors(st_m[i], mt[i]);
         st_m[i] = mw.m;
         st_l[i] = first ? lt[i] : Merged(st_l[i], mw.a, lt[i], mw.b);
 #pragma unroll

@@ -215,19 +215,20 @@ ffi::Error LaunchBlock(cudaStream_t stream, const Q* q, const KV* k_pool, const 
   return LaunchStatus("prism_tree_attention");
 }
 
-// The kernel for this step. Block shares each K/V tile among Qt tokens of one chain and the G
-// heads of a kv head, so it pays when chains have at least about a query tile of tokens
-// (forests, prefill chunks); one query per chain (decode) keeps the lanes kernel.
+// The kernel for this step. Block shares each K/V tile among a query tile of one chain's tokens
+// and the G heads of a kv head: it pays for forests and prefill chunks (measured on the H200:
+// 1.3-2.9x the lanes kernel), but a block of one-token chains (decode: T <= 64 rows) runs its
+// chains one after another (~6x slower). The handler cannot see the tables (no host sync) and
+// C is padded to T, so the step's size decides: T > kBlockMinTokens takes the block kernel.
+constexpr int64_t kBlockMinTokens = 64;
+
 Kernel ChooseKernel(const Dims& dm) {
   const bool fast_h = dm.h == 64 || dm.h == 128 || dm.h == 256;
   const int64_t pairs = block::kWarps * kBlockPW;
   const bool block_ok = fast_h && dm.g() <= pairs && pairs % dm.g() == 0 &&
                         CeilDiv(dm.t, pairs / dm.g()) <= 0x7fffffff && dm.k <= 65535;
   Kernel k = ForcedKernel();
-  if (k == Kernel::kAuto) {
-    const int64_t qt = block_ok ? pairs / dm.g() : 1;
-    k = block_ok && dm.t >= qt * std::max<int64_t>(dm.c, 1) ? Kernel::kBlock : Kernel::kLanes;
-  }
+  if (k == Kernel::kAuto) k = block_ok && dm.t > kBlockMinTokens ? Kernel::kBlock : Kernel::kLanes;
   if (k == Kernel::kBlock && !block_ok) k = Kernel::kLanes;
   if (k == Kernel::kLanes && !fast_h) k = Kernel::kWarp;
   return k;

@@ -365,7 +365,7 @@ def test_block_kernel_matches_warp_kernel_bitwise(
     def step(pool):
         tokens = forest_tokens(np.random.default_rng(seed), pool, lambda b, n: world, 4)
         if order == "sorted":  # chains contiguous, in position order: how the engine steps
-            tokens.sort(key=lambda tk: (id(tk[0][-1]), tk[2]))
+            tokens.sort(key=lambda tk: (tk[0][-1][2][0], tk[2]))  # branch's first page
         return run_step(gpu, pool, tokens, window=window, pad_to=len(tokens) + 13)
 
     results = forced_runs(
