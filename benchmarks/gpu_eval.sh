@@ -34,7 +34,7 @@ setup() {
     --target "$W/site" .whl/*.whl || exit 1
   rm -rf "$W/src" && cp -r .carry/src "$W/src" && cp .carry/e2e/_prism_ops*.so "$W/src/prism_jax/"
   rm -rf "$W/ev" && cp -r .carry/ev "$W/ev"
-  PYTHONPATH=$W/site:$W/src python3 -c "from prism_jax import _prism_ops as m; assert m.with_cuda; print('cuda extension ok')"
+  (cd "$W/src" && PYTHONPATH=$W/site:$W/src python3 -c "from prism_jax import _prism_ops as m; assert m.with_cuda; print('cuda extension ok')")
 }
 
 # The stream's bytes [offset, offset + size) -> $W/<file>, if every piece holding them is here.
