@@ -52,26 +52,6 @@ def glu_quant_reference(gate, up, activation: str):
     return quantize_rows(act(gate.astype(jnp.float32)) * up.astype(jnp.float32))
 
 
-def glu_remainder(gate, up, a_q, s_a, *, activation: str, impl: Impl | None = None):
-    """The second INT8 digit of glu_quant's rows: act(gate) * up - a_q * s_a, quantised per
-    row (quantize_remainder).
-
-    The float activation comes from the glu_quant custom call itself, run on rows of one
-    element: such a row quantises to code +-127 with scale |a| / 127, so code * scale is a to
-    ~2 ulp, computed by the kernel's own tanh/exp. XLA's transcendental functions are never
-    used on the model's path (on the GPU they are not row-invariant, and they differ from the
-    kernel by more than an ulp).
-
-    The model uses glu_quant2 instead (both digits in one pass, no one-element rows); only
-    tests/ops/test_quantize_remainder.py still calls this.
-
-    Returns (codes int8 [..., F], scales float32 [...])."""
-    _check(gate, up, activation)
-    q1, s1 = glu_quant(gate.reshape(-1, 1), up.reshape(-1, 1), activation=activation, impl=impl)
-    a = (q1.astype(jnp.float32) * s1[:, None]).reshape(gate.shape)  # (..., F)
-    return quantize_remainder(a, a_q, s_a)
-
-
 def glu_quant(gate, up, *, activation: str, impl: Impl | None = None):
     """Gated activation with INT8 output.
 
