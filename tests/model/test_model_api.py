@@ -60,13 +60,13 @@ def test_27b_shapes_need_no_memory():
     # projections and the embedding; w_q2 is the second INT8 digit of the projections
     weights = sum(x.size for k, x in named if x.ndim >= 2 and "w_q2" not in k)
     assert 26.8e9 < weights < 27.2e9, f"Gemma 3 27B's text model has ~27.0B weights: {weights}"
-    assert not any("'w_q2'" in k for k, _ in named), "one INT8 digit by default"
-    two = nnx.state(abstract_model(C.GEMMA3_27B.replace(**C.INT8_TWO_DIGITS), "int8"))
-    named = [(jax.tree_util.keystr(k), x) for k, x in jax.tree_util.tree_leaves_with_path(two)]
     firsts = sum(x.size for k, x in named if "'w_q'" in k)
     assert sum(x.size for k, x in named if "'w_q2'" in k) == firsts > 25e9, (
-        "with INT8_TWO_DIGITS every projection weight has its second INT8 digit"
+        "by default (INT8_TWO_DIGITS) every projection weight has its second INT8 digit"
     )
+    one = nnx.state(abstract_model(C.GEMMA3_27B.replace(**C.INT8_ONE_DIGIT), "int8"))
+    named = [(jax.tree_util.keystr(k), x) for k, x in jax.tree_util.tree_leaves_with_path(one)]
+    assert not any("'w_q2'" in k for k, _ in named), "int8-1digit has no second weight digit"
 
 
 def test_step_inputs_are_checked(gemma):
