@@ -122,3 +122,27 @@ def test_targets_in_the_summary():
     assert t["accuracy_gap_points"] == 25.0 and not t["accuracy_gap_holds"]
     assert (t["flip_int8_vs_fp32"], t["flip_bf16_vs_fp32"], t["flip_holds"]) == (0.0, 0.25, True)
     assert list(summary["pairs"]) == ["bf16 vs fp32", "int8 vs fp32", "int8 vs bf16"]
+
+
+def test_targets_judge_every_int8_variant():
+    """int8 (two digits) and int8-1digit are each judged against bf16 and fp32."""
+    items = [_item(i, f"s{i}") for i in range(4)]
+    same, flipped = [0.6, 0.3, 0.1], [0.3, 0.6, 0.1]
+    probs = {
+        "fp32": [same] * 4,
+        "bf16": [same] * 3 + [flipped],
+        "int8": [same] * 4,
+        "int8-1digit": [same] * 2 + [flipped] * 2,
+    }
+    from prism_jax.eval.runner import RunResult
+
+    result = RunResult(
+        {k: {it.id: p for it, p in zip(items, v, strict=True)} for k, v in probs.items()}, {}, {}, 4
+    )
+    variants = [Variant(p) for p in ("int8", "int8-1digit", "bf16", "fp32")]
+    summary = report.summarize(items, variants, result, {})
+    by = {t["int8"]: t for t in summary["targets"]}
+    assert list(by) == ["int8", "int8-1digit"]
+    assert by["int8"]["flip_holds"] and by["int8"]["flip_int8_vs_fp32"] == 0.0
+    assert not by["int8-1digit"]["flip_holds"] and by["int8-1digit"]["flip_int8_vs_fp32"] == 0.5
+    assert "| keys | int8-1digit |" in report.markdown(summary)
