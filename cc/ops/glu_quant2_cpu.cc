@@ -1,4 +1,4 @@
-// prism_glu_quant2 on the CPU: glu_quant plus the second INT8 digit of each row (glu_quant2.h).
+// prism_glu_quant2 on the CPU: glu_quant plus the second INT8 digit of each row (glu_quant.h).
 //   gate, up [M, F] f32|bf16 -> q1 s8 [M, F], s1 f32 [M], q2 s8 [M, F], s2 f32 [M].
 // Each row is one pass of Activate (a kept in a row buffer, then overwritten by the remainder);
 // rows are spread over XLA's thread pool, and a row's bits never depend on which thread ran it.
@@ -9,7 +9,7 @@
 #include "cc/common.h"
 #include "cc/cpu_parallel.h"
 #include "cc/numerics.h"
-#include "cc/ops/glu_quant2.h"
+#include "cc/ops/glu_quant.h"
 
 namespace prism {
 namespace {
@@ -65,7 +65,9 @@ ffi::Error GluQuant2Cpu(ffi::ThreadPool pool, ffi::AnyBuffer gate, ffi::AnyBuffe
                         ffi::Result<ffi::BufferR1<ffi::F32>> s1,
                         ffi::Result<ffi::BufferR2<ffi::S8>> q2,
                         ffi::Result<ffi::BufferR1<ffi::F32>> s2, int32_t activation) {
-  if (ffi::Error e = CheckGluQuant2(gate, up, activation); e.failure()) return e;
+  if (ffi::Error e = CheckGluArgs("prism_glu_quant2", gate, up, activation); e.failure()) {
+    return e;
+  }
   const int64_t m = gate.dimensions()[0], f = gate.dimensions()[1];
   const auto act = static_cast<Activation>(activation);
   const Digits out{q1->typed_data(), s1->typed_data(), q2->typed_data(), s2->typed_data()};

@@ -1,4 +1,4 @@
-// prism_glu_quant2 on CUDA; the specification is glu_quant2_cpu.cc (formulas: glu_quant2.h).
+// prism_glu_quant2 on CUDA; the specification is glu_quant2_cpu.cc (formulas: glu_quant.h).
 //   gate, up [M, F] f32|bf16 -> q1 s8 [M, F], s1 f32 [M], q2 s8 [M, F], s2 f32 [M].
 // One block per row, like glu_quant_cuda.cu. No F-sized scratch is passed in, so a is
 // recomputed in each of three passes (same code, same inputs: same bits): pass 1 takes the
@@ -9,7 +9,8 @@
 #include "cc/common.h"
 #include "cc/cuda_common.cuh"
 #include "cc/numerics.h"
-#include "cc/ops/glu_quant2.h"
+#include "cc/ops/glu_quant.h"
+#include "cc/ops/glu_rows.cuh"
 
 namespace prism {
 namespace {
@@ -27,17 +28,6 @@ struct Glu2Args {
   int64_t f;
   Activation act;
 };
-
-// v = Activate(gate) * up for one chunk, exactly as GluChunk in glu_quant_cuda.cu.
-template <typename T>
-__device__ __forceinline__ void Glu2Chunk(const Glu2Args<T>& a, int64_t i0, int cnt,
-                                          float (&v)[kVec]) {
-  float u[kVec];
-  LoadChunk(a.gate + i0, cnt, v);
-  LoadChunk(a.up + i0, cnt, u);
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) v[i] = __fmul_rn(Activate(a.act, v[i]), u[i]);
-}
 
 // The chunk's first-digit codes, and v overwritten by the remainders.
 __device__ __forceinline__ void FirstDigit(float (&v)[kVec], float inv, float scale,
@@ -58,21 +48,12 @@ __global__ void __launch_bounds__(kMaxThreads) Glu2RowsKernel(Glu2Args<T> a) {
   const int64_t end = off + a.f;
   float v[kVec];
   int8_t codes[kVec];
-  float amax = 0.0f;
-  for (int64_t i0 = first; i0 < end; i0 += stride) {
-    const int cnt = ChunkCount(i0, end);
-    Glu2Chunk(a, i0, cnt, v);
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) {  // unrolled: keeps v in registers
-      if (i < cnt) amax = fmaxf(amax, fabsf(v[i]));
-    }
-  }
-  amax = BlockMax(amax, scratch1);
+  const float amax = BlockMax(GatedAmax(a.gate, a.up, a.act, first, end, stride), scratch1);
   const float inv = QuantInverse(amax), scale = QuantScale(amax);
   float rmax = 0.0f;
   for (int64_t i0 = first; i0 < end; i0 += stride) {
     const int cnt = ChunkCount(i0, end);
-    Glu2Chunk(a, i0, cnt, v);
+    GatedChunk(a.gate, a.up, a.act, i0, cnt, v);
     FirstDigit(v, inv, scale, codes);
     StoreCodes(a.q1 + i0, cnt, codes);
 #pragma unroll
@@ -84,7 +65,7 @@ __global__ void __launch_bounds__(kMaxThreads) Glu2RowsKernel(Glu2Args<T> a) {
   const float rinv = QuantInverse(rmax);
   for (int64_t i0 = first; i0 < end; i0 += stride) {
     const int cnt = ChunkCount(i0, end);
-    Glu2Chunk(a, i0, cnt, v);
+    GatedChunk(a.gate, a.up, a.act, i0, cnt, v);
     FirstDigit(v, inv, scale, codes);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) codes[i] = QuantCode(v[i], rinv);
@@ -113,7 +94,9 @@ ffi::Error GluQuant2Cuda(cudaStream_t stream, ffi::AnyBuffer gate, ffi::AnyBuffe
                          ffi::Result<ffi::BufferR1<ffi::F32>> s1,
                          ffi::Result<ffi::BufferR2<ffi::S8>> q2,
                          ffi::Result<ffi::BufferR1<ffi::F32>> s2, int32_t activation) {
-  if (ffi::Error e = CheckGluQuant2(gate, up, activation); e.failure()) return e;
+  if (ffi::Error e = CheckGluArgs("prism_glu_quant2", gate, up, activation); e.failure()) {
+    return e;
+  }
   const auto act = static_cast<Activation>(activation);
   if (gate.element_type() == ffi::DataType::F32) {
     return Launch<float>(stream, gate, up, q1->typed_data(), s1->typed_data(), q2->typed_data(),

@@ -6,6 +6,7 @@
 
 #include "cc/common.h"
 #include "cc/numerics.h"
+#include "cc/ops/glu_quant.h"
 
 namespace prism {
 namespace {
@@ -29,14 +30,9 @@ void GluRows(const T* gate, const T* up, int64_t m, int64_t f, Activation act, i
 ffi::Error GluQuantCpu(ffi::AnyBuffer gate, ffi::AnyBuffer up,
                        ffi::Result<ffi::BufferR2<ffi::S8>> a_q,
                        ffi::Result<ffi::BufferR1<ffi::F32>> s_a, int32_t activation) {
-  PRISM_REQUIRE(gate.dimensions().size() == 2, "prism_glu_quant: gate must be [M, F]");
-  PRISM_REQUIRE(IsFloatActivation(gate.element_type()),
-                "prism_glu_quant: gate must be float32 or bfloat16");
-  PRISM_REQUIRE(up.element_type() == gate.element_type() &&
-                    up.element_count() == gate.element_count(),
-                "prism_glu_quant: up must match gate in shape and dtype");
-  PRISM_REQUIRE(activation == 0 || activation == 1,
-                "prism_glu_quant: activation must be 0 (gelu_tanh) or 1 (silu)");
+  if (ffi::Error e = CheckGluArgs("prism_glu_quant", gate, up, activation); e.failure()) {
+    return e;
+  }
   const int64_t m = gate.dimensions()[0], f = gate.dimensions()[1];
   const auto act = static_cast<Activation>(activation);
   if (gate.element_type() == ffi::DataType::F32) {

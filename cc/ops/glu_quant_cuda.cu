@@ -10,6 +10,8 @@
 #include "cc/common.h"
 #include "cc/cuda_common.cuh"
 #include "cc/numerics.h"
+#include "cc/ops/glu_quant.h"
+#include "cc/ops/glu_rows.cuh"
 
 namespace prism {
 namespace {
@@ -27,37 +29,18 @@ struct GluArgs {
 };
 
 template <typename T>
-__device__ __forceinline__ void GluChunk(const GluArgs<T>& a, int64_t i0, int cnt,
-                                         float (&v)[kVec]) {
-  float u[kVec];
-  LoadChunk(a.gate + i0, cnt, v);
-  LoadChunk(a.up + i0, cnt, u);
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) v[i] = __fmul_rn(Activate(a.act, v[i]), u[i]);
-}
-
-template <typename T>
 __global__ void __launch_bounds__(kMaxThreads) GluRowsKernel(GluArgs<T> a) {
   __shared__ float scratch[kMaxThreads / kWarpSize];
   const int64_t stride = static_cast<int64_t>(blockDim.x) * kVec;
   const int64_t off = static_cast<int64_t>(blockIdx.x) * a.f;
   const int64_t first = off + static_cast<int64_t>(threadIdx.x) * kVec;
   const int64_t end = off + a.f;
-  float v[kVec];
-  float amax = 0.0f;
-  for (int64_t i0 = first; i0 < end; i0 += stride) {
-    const int cnt = ChunkCount(i0, end);
-    GluChunk(a, i0, cnt, v);
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) {  // unrolled: keeps v in registers
-      if (i < cnt) amax = fmaxf(amax, fabsf(v[i]));
-    }
-  }
-  amax = BlockMax(amax, scratch);
+  const float amax = BlockMax(GatedAmax(a.gate, a.up, a.act, first, end, stride), scratch);
   const float inv = QuantInverse(amax);
   for (int64_t i0 = first; i0 < end; i0 += stride) {
     const int cnt = ChunkCount(i0, end);
-    GluChunk(a, i0, cnt, v);
+    float v[kVec];
+    GatedChunk(a.gate, a.up, a.act, i0, cnt, v);
     int8_t codes[kVec];
 #pragma unroll
     for (int i = 0; i < kVec; ++i) codes[i] = QuantCode(v[i], inv);
@@ -80,14 +63,9 @@ ffi::Error Launch(cudaStream_t stream, const ffi::AnyBuffer& gate, const ffi::An
 ffi::Error GluQuantCuda(cudaStream_t stream, ffi::AnyBuffer gate, ffi::AnyBuffer up,
                         ffi::Result<ffi::BufferR2<ffi::S8>> a_q,
                         ffi::Result<ffi::BufferR1<ffi::F32>> s_a, int32_t activation) {
-  PRISM_REQUIRE(gate.dimensions().size() == 2, "prism_glu_quant: gate must be [M, F]");
-  PRISM_REQUIRE(IsFloatActivation(gate.element_type()),
-                "prism_glu_quant: gate must be float32 or bfloat16");
-  PRISM_REQUIRE(up.element_type() == gate.element_type() &&
-                    up.element_count() == gate.element_count(),
-                "prism_glu_quant: up must match gate in shape and dtype");
-  PRISM_REQUIRE(activation == 0 || activation == 1,
-                "prism_glu_quant: activation must be 0 (gelu_tanh) or 1 (silu)");
+  if (ffi::Error e = CheckGluArgs("prism_glu_quant", gate, up, activation); e.failure()) {
+    return e;
+  }
   const auto act = static_cast<Activation>(activation);
   if (gate.element_type() == ffi::DataType::F32) {
     return Launch<float>(stream, gate, up, a_q->typed_data(), s_a->typed_data(), act);

@@ -70,7 +70,12 @@ def test_matches_reference(device, rng, m, f, dtype, activation, scale):
     assert np.abs(q1).max() <= 127 and np.abs(q2).max() <= 127
     magnitude = np.abs(g.astype(np.float32) * u.astype(np.float32)).max(-1)
     assert np.all(np.abs(s1 - t1) * 127 <= 1e-5 * magnitude + 1e-30), "first scales differ"
-    assert np.abs(q1.astype(np.int32) - r1).max() <= 1, "first codes differ by more than a step"
+    # Where XLA's activation and the kernel's differ by under a quarter of a step, the codes
+    # are within one step; GELU's cancelling tail (a very negative gate) can leave XLA's a = 0
+    # where the kernel's is -1e-6, which a one-element row scales to code -127.
+    close = activation_noise(g, u) <= 0.25 * np.maximum(s1, t1)[:, None]
+    first_gap = np.abs(q1.astype(np.int32) - r1)[close].max(initial=0)
+    assert first_gap <= 1, "first codes differ by more than a step"
     # Where the first codes agree and the activations differ by under a quarter of a second
     # step, the remainders do too: second codes within one step. Elsewhere (one-element rows,
     # whose remainder is ulp-sized; GELU's cancelling tails) the second digit is ulp noise.

@@ -1,11 +1,13 @@
-// The two-digit gated activation (prism_glu_quant2), shared by its CPU and CUDA handlers.
-//   gate, up [M, F] f32|bf16 -> q1 s8 [M, F], s1 f32 [M], q2 s8 [M, F], s2 f32 [M].
-// a = Activate(gate) * up; (q1, s1) is prism_glu_quant's result, bit for bit; the remainder
-// r = a - q1 * s1 is quantised per row with the same rule (numerics.h), so that
+// The gated activations' shared pieces (CPU and CUDA handlers of both ops):
+//   prism_glu_quant   gate, up [M, F] f32|bf16 -> a_q s8 [M, F], s_a f32 [M]
+//   prism_glu_quant2  gate, up [M, F] f32|bf16 -> q1 s8 [M, F], s1 f32 [M], q2 s8, s2 f32 (same)
+// a = Activate(gate) * up. glu_quant2's (q1, s1) is prism_glu_quant's result, bit for bit; the
+// remainder r = a - q1 * s1 is quantised per row with the same rule (numerics.h), so that
 // q1 * s1 + q2 * s2 reproduces a to about 1 / (127 * 254) of the row's max.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "cc/common.h"
 #include "cc/numerics.h"
@@ -25,16 +27,16 @@ PRISM_HD float QuantRemainder(float a, int8_t code, float scale) {
 }
 
 // The handlers' argument checks (the Python wrapper checks first, with friendlier words).
-inline ffi::Error CheckGluQuant2(const ffi::AnyBuffer& gate, const ffi::AnyBuffer& up,
-                                 int32_t activation) {
-  PRISM_REQUIRE(gate.dimensions().size() == 2, "prism_glu_quant2: gate must be [M, F]");
+inline ffi::Error CheckGluArgs(const std::string& op, const ffi::AnyBuffer& gate,
+                               const ffi::AnyBuffer& up, int32_t activation) {
+  PRISM_REQUIRE(gate.dimensions().size() == 2, op + ": gate must be [M, F]");
   PRISM_REQUIRE(IsFloatActivation(gate.element_type()),
-                "prism_glu_quant2: gate must be float32 or bfloat16");
+                op + ": gate must be float32 or bfloat16");
   PRISM_REQUIRE(up.element_type() == gate.element_type() &&
                     up.element_count() == gate.element_count(),
-                "prism_glu_quant2: up must match gate in shape and dtype");
+                op + ": up must match gate in shape and dtype");
   PRISM_REQUIRE(activation == 0 || activation == 1,
-                "prism_glu_quant2: activation must be 0 (gelu_tanh) or 1 (silu)");
+                op + ": activation must be 0 (gelu_tanh) or 1 (silu)");
   return ffi::Error::Success();
 }
 
