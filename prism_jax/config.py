@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 Family = Literal["gemma3", "llama", "qwen2", "qwen3"]
 FAMILIES: tuple[str, ...] = ("gemma3", "llama", "qwen2", "qwen3")
@@ -16,7 +16,7 @@ LayerType = Literal["global", "sliding"]
 Precision = Literal["int8", "int8-1digit", "bf16", "fp32"]
 # What a user asks for: "int8" is INT8 as ModelConfig says (two digits by default),
 # "int8-1digit" the faster single-digit INT8 (one INT8 digit per row and per weight).
-PRECISIONS: tuple[str, ...] = ("int8", "int8-1digit", "bf16", "fp32")
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 INT8_PROJECTIONS: tuple[str, ...] = ("qkv", "o", "gate_up", "down")
 # ModelConfig.replace(**INT8_TWO_DIGITS) / (**INT8_ONE_DIGIT): docs/ACCURACY.md "INT8 quantisation".
 INT8_TWO_DIGITS = dict(

@@ -146,7 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         result = RunResult(probs, {}, {}, 0)
     else:
         t = time.perf_counter()
-        engines = {p: Engine.from_pretrained(args.model, precision=p, warmup=False) for p in precisions}
+        # Compile each step bucket on first use: a run touches a few of them, and four engines
+        # warming every bucket took minutes per process on the H200 before the first item.
+        engines = {
+            p: Engine.from_pretrained(args.model, precision=p, warmup=False) for p in precisions
+        }
         print(f"loaded {len(engines)} engines in {time.perf_counter() - t:.1f} s", file=sys.stderr)
         runner = Runner(engines, variants, args.budget)
         max_seconds = args.max_minutes * 60 if args.max_minutes else None

@@ -251,7 +251,7 @@ def _targets(summary: dict[str, Any]) -> list[str]:
     rows = [
         [
             t["style"],
-            t.get("int8", "int8"),
+            t.get("int8", "int8"),  # summaries written before int8-1digit existed
             f"{t['accuracy_gap_points']:.3f} ({verdict(t['accuracy_gap_holds'])})",
             f"{_pct(t['flip_int8_vs_fp32'])} % vs {_pct(t['flip_bf16_vs_fp32'])} % "
             f"({verdict(t['flip_holds'])})",
