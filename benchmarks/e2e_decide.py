@@ -413,6 +413,8 @@ def trace(engine: Engine, baseline, chosen: list[Scenario], chunk: int, where: p
 
     rows = []
     for s in chosen:
+        if not s.cold:  # the cached prefix may have been evicted since: refill it untraced
+            engine.run(s.questions, chunk=chunk)
         with jax.profiler.trace(str(where / s.name)):
             for _ in range(TRACE_RUNS):
                 if s.cold:

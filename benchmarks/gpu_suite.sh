@@ -11,10 +11,13 @@
 #   GEMM_BENCH="--sweep ..."      then run benchmarks/gemm_bench.py with these arguments
 #                                 (results in $OUT/gemm.jsonl and $OUT/gemm.md)
 #   TESTS=none                    skip the op tests
+#   TESTS_TIMEOUT=400             interrupt pytest after this many seconds
 #   E2E=1                         then run benchmarks/e2e_decide.py (27B, int8 engine vs bf16
 #                                 XLA; $OUT/e2e.jsonl, E2E.md, e2e.png, compile.json), extra
 #                                 arguments in E2E_ARGS (e.g. "--profile"), killed after
-#                                 E2E_TIMEOUT seconds (default 560) so the call still reports
+#                                 E2E_TIMEOUT seconds (default 560) so the call still reports;
+#                                 E2E_DIGITS="two one" runs it per INT8 digit mode into
+#                                 $OUT/e2e_two and $OUT/e2e_one (one = --single-digit)
 #   ATTN_BENCH=1                  then run benchmarks/attention_bench.py (tree_attention vs the
 #                                 run's ceilings and XLA; $OUT/attention.jsonl, attention.md),
 #                                 extra arguments in ATTN_ARGS (e.g. "--dtypes f32"), interrupted
@@ -62,7 +65,7 @@ fi
 test_rc=0
 if [ "${TESTS:-}" != none ]; then
   echo "## op tests (CPU + CUDA)"
-  $PY -m pytest -q -n 4 -p no:cacheprovider ${TESTS:-tests/ops tests/test_extension.py tests/test_determinism.py} \
+  timeout -s INT "${TESTS_TIMEOUT:-400}" $PY -m pytest -q -n 4 -p no:cacheprovider ${TESTS:-tests/ops tests/test_extension.py tests/test_determinism.py} \
     --junitxml="$OUT/pytest.xml" 2>&1 | tail -25 | tee "$OUT/pytest.txt"
   test_rc=${PIPESTATUS[0]}
 fi
@@ -82,13 +85,19 @@ if [ -n "${GEMM_BENCH:-}" ]; then
 fi
 e2e_rc=0
 if [ "${E2E:-0}" != 0 ]; then
-  echo "## end-to-end decision benchmark"
-  # Both 27B models (int8 ~28 GB, bf16 ~54 GB) and the KV pool live on the card at once.
-  # shellcheck disable=SC2086 (E2E_ARGS is a list of arguments)
-  XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 timeout -s INT "${E2E_TIMEOUT:-560}" \
-    $PY benchmarks/e2e_decide.py --preset gemma3-27b --out "$OUT" ${E2E_ARGS:-} 2>&1 |
-    tee "$OUT/e2e.log"
-  e2e_rc=${PIPESTATUS[0]}
+  for digits in ${E2E_DIGITS:-default}; do
+    echo "## end-to-end decision benchmark ($digits)"
+    dir=$OUT extra=""
+    if [ "$digits" != default ]; then dir=$OUT/e2e_$digits; mkdir -p "$dir"; fi
+    if [ "$digits" = one ]; then extra=--single-digit; fi
+    # Both 27B models (int8 28-56 GB, bf16 ~54 GB) and the KV pool live on the card at once.
+    # shellcheck disable=SC2086 (E2E_ARGS is a list of arguments)
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 timeout -s INT "${E2E_TIMEOUT:-560}" \
+      $PY benchmarks/e2e_decide.py --preset gemma3-27b --out "$dir" ${E2E_ARGS:-} $extra 2>&1 |
+      tee "$dir/e2e.log"
+    rc=${PIPESTATUS[0]}
+    e2e_rc=$(( e2e_rc || rc ))
+  done
 fi
 attn_rc=0
 if [ "${ATTN_BENCH:-0}" != 0 ]; then
