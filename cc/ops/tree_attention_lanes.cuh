@@ -185,17 +185,13 @@ __device__ __forceinline__ void TileStep(const float (&qc)[kVec], const KV* k_po
   }
 }
 
-// One warp per (token t, query head n), like AttendKernel; q staged in shared memory as f32.
+// The work of one warp: query w = t * N + n over all its tiles, then out[t, n]. Shared by
+// LaneAttendKernel and the split kernel's fallback (tree_attention_split.cuh).
 template <typename Q, typename KV, int kH>
-__global__ void __launch_bounds__(kWarps * kWarpSize)
-    LaneAttendKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
-                     const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale,
-                     int32_t window, Q* __restrict__ out) {
-  __shared__ TileScratch scratch[kWarps];
-  const int wib = static_cast<int>(threadIdx.x / kWarpSize);
-  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + wib;
-  if (w >= dm.t * dm.n) return;  // uniform per warp; the kernel has no block barrier
-  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+__device__ __forceinline__ void AttendWarp(const Q* q, const KV* k_pool, const KV* v_pool,
+                                           const Dims& dm, const Tables& tb, float scale,
+                                           int32_t window, int64_t w, int lane,
+                                           TileScratch* scratch, Q* out) {
   const int64_t t = w / dm.n, n = w % dm.n, kvh = n / (dm.n / dm.k);
   const int64_t pos = tb.positions[t], chain = tb.chain_of[t];
   State<kH> st = {};
@@ -214,8 +210,7 @@ __global__ void __launch_bounds__(kWarps * kWarpSize)
         any = any || rows[part] >= 0;
       }
       if (!__any_sync(kFullMask, any)) continue;
-      TileStep<KV, kH>(qc, k_pool, v_pool, rows, dm.k * kH, kvh, scale, lane,
-                       &scratch[wib], &st);
+      TileStep<KV, kH>(qc, k_pool, v_pool, rows, dm.k * kH, kvh, scale, lane, scratch, &st);
     }
   }
   constexpr int kDims = Shape<kH>::kDims;
@@ -223,6 +218,20 @@ __global__ void __launch_bounds__(kWarps * kWarpSize)
   for (int d = 0; d < kDims; ++d) {
     FromF32(Normalised(st.acc[d], st.l), out + w * kH + lane * kDims + d);
   }
+}
+
+// One warp per (token t, query head n), like AttendKernel.
+template <typename Q, typename KV, int kH>
+__global__ void __launch_bounds__(kWarps * kWarpSize)
+    LaneAttendKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
+                     const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale,
+                     int32_t window, Q* __restrict__ out) {
+  __shared__ TileScratch scratch[kWarps];
+  const int wib = static_cast<int>(threadIdx.x / kWarpSize);
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + wib;
+  if (w >= dm.t * dm.n) return;  // uniform per warp; the kernel has no block barrier
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  AttendWarp<Q, KV, kH>(q, k_pool, v_pool, dm, tb, scale, window, w, lane, &scratch[wib], out);
 }
 
 }  // namespace lanes
