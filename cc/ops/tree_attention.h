@@ -35,8 +35,8 @@
 // tile order by MergeFactors; out = acc / l (zero if no key was visible). So a query's bits
 // depend only on its q and the k/v at the positions it sees: not on T, its index, the pages,
 // the segment split, the step its prefix was written in, or other queries. (Tile partials do
-// not depend on earlier tiles, so a later split-KV kernel can compute them in parallel and keep
-// the bits by merging in the same order.)
+// not depend on earlier tiles, so tree_attention_split.cuh computes them in parallel and keeps
+// the bits by merging them in the same order.)
 #pragma once
 
 #include <cmath>

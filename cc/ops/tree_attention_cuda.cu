@@ -9,15 +9,20 @@
 // x and x + 32 to pool rows, scores are canonical warp dots (bit-identical to the CPU's),
 // then the lanes accumulate e_i * v_i over the tile in increasing position, each lane for its
 // own canonical chunks of H. Every sum has the CPU's order; only expf may differ by ulps.
-// Head dims 64, 128 and 256 take a faster kernel with the same bits: tree_attention_block.cuh
-// (K/V tiles in shared memory, shared by a block's tokens and GQA heads) when the step has
-// several tokens per chain, else tree_attention_lanes.cuh (coalesced rows, batched loads).
-// Command-buffer compatible: no allocation, no host synchronisation.
+// Head dims 64, 128 and 256 take a faster kernel with the same bits (ChooseKernel):
+// tree_attention_block.cuh (K/V tiles in shared memory, shared by a block's tokens and GQA
+// heads), tree_attention_split.cuh (the block kernel's tile partials computed in parallel over
+// tiles, merged in order by a second pass) or tree_attention_lanes.cuh (coalesced rows).
+// No host synchronisation. The split kernel takes its scratch from XLA's ScratchAllocator; that
+// memory is released when the handler returns (stream-ordered for a normal launch), which a
+// captured command buffer would replay into freed memory: so the handler is NOT marked
+// command-buffer compatible.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -28,6 +33,7 @@
 #include "cc/ops/tree_attention.h"
 #include "cc/ops/tree_attention_block.cuh"
 #include "cc/ops/tree_attention_lanes.cuh"
+#include "cc/ops/tree_attention_split.cuh"
 
 namespace prism {
 namespace {
@@ -179,15 +185,16 @@ __global__ void __launch_bounds__(kAttnWarps * kWarpSize)
   }
 }
 
-enum class Kernel { kAuto, kWarp, kLanes, kBlock };
+enum class Kernel { kAuto, kWarp, kLanes, kBlock, kSplit };
 
-// PRISM_TREE_ATTENTION_KERNEL=warp|lanes|block (tests and benchmarks) forces a kernel; lanes
-// and block need H in {64, 128, 256} (block also G dividing its pairs) and fall back to warp.
+// PRISM_TREE_ATTENTION_KERNEL=warp|lanes|block|split (tests and benchmarks) forces a kernel;
+// lanes, block and split need H in {64, 128, 256} (block and split also G dividing the block's
+// pairs) and fall back to lanes, then warp.
 Kernel ForcedKernel() {
   const char* name = std::getenv("PRISM_TREE_ATTENTION_KERNEL");
   const std::string s = name == nullptr ? "" : name;
   return s == "warp" ? Kernel::kWarp : s == "lanes" ? Kernel::kLanes
-       : s == "block" ? Kernel::kBlock : Kernel::kAuto;
+       : s == "block" ? Kernel::kBlock : s == "split" ? Kernel::kSplit : Kernel::kAuto;
 }
 
 constexpr int kBlockPW = 4;  // pairs per warp of the block kernel: 32 (token, head) pairs
@@ -215,11 +222,51 @@ ffi::Error LaunchBlock(cudaStream_t stream, const Q* q, const KV* k_pool, const 
   return LaunchStatus("prism_tree_attention");
 }
 
+// The split kernel's rounds (tree_attention_split.cuh): pass 1 then pass 2 per round, then the
+// fallback for blocks beyond the rounds' coverage. Without scratch memory: the lanes kernel.
+template <int kH, typename Q, typename KV>
+ffi::Error LaunchSplit(cudaStream_t stream, ffi::ScratchAllocator* alloc, const Q* q,
+                       const KV* k_pool, const KV* v_pool, const Dims& dm, const Tables& tb,
+                       float scale, int32_t window, Q* out) {
+  constexpr size_t kSmem = block::SmemBytes<kH, kBlockPW>();
+  auto* kernel = split::PartialKernel<Q, KV, kH, kBlockPW>;
+  static const cudaError_t attr = cudaFuncSetAttribute(  // once per instantiation
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+  PRISM_REQUIRE(attr == cudaSuccess, "prism_tree_attention: split kernel shared memory refused");
+  const int qt = static_cast<int>(block::Shape<kH, kBlockPW>::kPairs / dm.g());
+  const split::Plan plan = split::SplitPlan(dm, window, qt);
+  const unsigned warps = static_cast<unsigned>(CeilDiv(dm.t * dm.n, split::kMergeWarps));
+  const std::optional<void*> mem = alloc->Allocate(plan.part_bytes + plan.state_bytes, 256);
+  if (!mem.has_value() || *mem == nullptr) {
+    return LaunchLanes<kH>(warps, stream, q, k_pool, v_pool, dm, tb, scale, window, out);
+  }
+  float* part = static_cast<float*>(*mem);
+  float* state = part + plan.part_bytes / sizeof(float);
+  const dim3 grid(static_cast<unsigned>(CeilDiv(dm.t, qt)), static_cast<unsigned>(dm.k),
+                  static_cast<unsigned>(plan.slots));
+  const int64_t covered = plan.rounds * plan.slots;
+  for (int64_t r = 0; r < plan.rounds; ++r) {
+    const split::Round rd{r * plan.slots, plan.slots, covered};
+    kernel<<<grid, block::kThreads, kSmem, stream>>>(q, k_pool, v_pool, dm, tb, scale, window,
+                                                     rd, part);
+    split::MergeKernel<Q, kH><<<warps, split::kMergeWarps * kWarpSize, 0, stream>>>(
+        dm, tb, window, qt, rd, r == 0, r + 1 == plan.rounds, part, state, out);
+  }
+  static_assert(lanes::kWarps == split::kMergeWarps, "fallback and merge use the same grid");
+  split::FallbackKernel<Q, KV, kH><<<warps, lanes::kWarps * kWarpSize, 0, stream>>>(
+      q, k_pool, v_pool, dm, tb, scale, window, qt, split::Round{0, plan.slots, covered}, out);
+  return LaunchStatus("prism_tree_attention");
+}
+
 // The kernel for this step. Block shares each K/V tile among a query tile of one chain's tokens
 // and the G heads of a kv head: it pays for forests and prefill chunks (measured on the H200:
 // 1.3-2.9x the lanes kernel), but a block of one-token chains (decode: T <= 64 rows) runs its
 // chains one after another (~6x slower). The handler cannot see the tables (no host sync) and
 // C is padded to T, so the step's size decides: T > kBlockMinTokens takes the block kernel.
+// Small steps (decode rows, a follow-up question of <= 64 tokens on a long cached state) have
+// too few (token, head) pairs to fill the GPU when each walks its tiles serially (lanes: ~1,000
+// warps, ~0.6 ms per 27B layer on a 4K state), so they take the split kernel: one block per
+// (query tile, kv head, key tile), then an in-order merge pass; same bits.
 constexpr int64_t kBlockMinTokens = 64;
 
 Kernel ChooseKernel(const Dims& dm) {
@@ -228,16 +275,17 @@ Kernel ChooseKernel(const Dims& dm) {
   const bool block_ok = fast_h && dm.g() <= pairs && pairs % dm.g() == 0 &&
                         CeilDiv(dm.t, pairs / dm.g()) <= 0x7fffffff && dm.k <= 65535;
   Kernel k = ForcedKernel();
-  if (k == Kernel::kAuto) k = block_ok && dm.t > kBlockMinTokens ? Kernel::kBlock : Kernel::kLanes;
-  if (k == Kernel::kBlock && !block_ok) k = Kernel::kLanes;
+  if (k == Kernel::kAuto) k = !block_ok ? Kernel::kLanes
+                          : dm.t > kBlockMinTokens ? Kernel::kBlock : Kernel::kSplit;
+  if ((k == Kernel::kBlock || k == Kernel::kSplit) && !block_ok) k = Kernel::kLanes;
   if (k == Kernel::kLanes && !fast_h) k = Kernel::kWarp;
   return k;
 }
 
 template <typename Q, typename KV>
-ffi::Error Launch(cudaStream_t stream, const Q* q, const KV* k_new, const KV* v_new,
-                  const Dims& dm, const Tables& tb, float scale, int32_t window, Q* out,
-                  KV* k_pool, KV* v_pool) {
+ffi::Error Launch(cudaStream_t stream, ffi::ScratchAllocator* alloc, const Q* q, const KV* k_new,
+                  const KV* v_new, const Dims& dm, const Tables& tb, float scale, int32_t window,
+                  Q* out, KV* k_pool, KV* v_pool) {
   const char* op = "prism_tree_attention";
   const int64_t row = dm.k * dm.h, total = dm.t * row;
   if (total > 0) {  // first the writes, then (same stream) the reads
@@ -260,6 +308,18 @@ ffi::Error Launch(cudaStream_t stream, const Q* q, const KV* k_new, const KV* v_
       default: break;
     }
   }
+  if (kernel == Kernel::kSplit) {  // tree_attention_split.cuh: same bits, parallel over tiles
+    auto split = [&](auto h) {
+      return LaunchSplit<decltype(h)::value>(stream, alloc, q, k_pool, v_pool, dm, tb, scale,
+                                             window, out);
+    };
+    switch (dm.h) {
+      case 64: return split(std::integral_constant<int, 64>{});
+      case 128: return split(std::integral_constant<int, 128>{});
+      case 256: return split(std::integral_constant<int, 256>{});
+      default: break;
+    }
+  }
   if (kernel == Kernel::kLanes) {  // tree_attention_lanes.cuh: same bits, batched coalesced loads
     switch (dm.h) {
       case 64: return LaunchLanes<64>(grid, stream, q, k_pool, v_pool, dm, tb, scale, window, out);
@@ -278,7 +338,8 @@ ffi::Error Launch(cudaStream_t stream, const Q* q, const KV* k_new, const KV* v_
   return LaunchStatus(op);
 }
 
-ffi::Error TreeAttentionCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k_new,
+ffi::Error TreeAttentionCuda(cudaStream_t stream, ffi::ScratchAllocator alloc, ffi::AnyBuffer q,
+                             ffi::AnyBuffer k_new,
                              ffi::AnyBuffer v_new, ffi::AnyBuffer k_pages, ffi::AnyBuffer v_pages,
                              ffi::BufferR1<ffi::S32> slot, ffi::BufferR1<ffi::S32> positions,
                              ffi::BufferR1<ffi::S32> chain_of, ffi::BufferR3<ffi::S32> segs,
@@ -305,9 +366,9 @@ ffi::Error TreeAttentionCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
   auto run = [&](auto* qp, auto* kvp) {
     using Q = std::remove_const_t<std::remove_pointer_t<decltype(qp)>>;
     using KV = std::remove_const_t<std::remove_pointer_t<decltype(kvp)>>;
-    return Launch(stream, qp, k_new.reinterpret_data<KV>(), v_new.reinterpret_data<KV>(), dm,
-                  tb, scale, window, out->reinterpret_data<Q>(), k_out->reinterpret_data<KV>(),
-                  v_out->reinterpret_data<KV>());
+    return Launch(stream, &alloc, qp, k_new.reinterpret_data<KV>(), v_new.reinterpret_data<KV>(),
+                  dm, tb, scale, window, out->reinterpret_data<Q>(),
+                  k_out->reinterpret_data<KV>(), v_out->reinterpret_data<KV>());
   };
   const bool q32 = q.element_type() == ffi::DataType::F32;
   const bool kv32 = k_pages.element_type() == ffi::DataType::F32;
@@ -325,6 +386,7 @@ namespace ffi = xla::ffi;
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismTreeAttentionCuda, prism::TreeAttentionCuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::ScratchAllocator>()     // split kernel scratch
                                   .Arg<ffi::AnyBuffer>()            // q [T, N, H]
                                   .Arg<ffi::AnyBuffer>()            // k_new [T, K, H]
                                   .Arg<ffi::AnyBuffer>()            // v_new [T, K, H]
@@ -339,5 +401,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismTreeAttentionCuda, prism::TreeAttentionCuda,
                                   .Ret<ffi::AnyBuffer>()            // k_pages (aliased)
                                   .Ret<ffi::AnyBuffer>()            // v_pages (aliased)
                                   .Attr<float>("scale")
-                                  .Attr<int32_t>("window"),
-                              {xla::ffi::Traits::kCmdBufferCompatible});
+                                  .Attr<int32_t>("window"));

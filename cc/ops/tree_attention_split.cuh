@@ -1,0 +1,279 @@
+// Tree attention split over key tiles, for head dims H in {64, 128, 256}: the same bits as
+// AttendKernel for steps with few tokens and long contexts (a follow-up question: T = 64, one
+// chain, ~4K keys), where the fused kernels walk each query's tiles serially and leave the GPU
+// mostly idle. Tile partials do not depend on the running state (tree_attention.h), so:
+//   pass 1 (PartialKernel), grid (ceil(T / Qt), K, R): block (b, kvh, i) is the block kernel's
+//     block b for ONE tile, j = lo_b + base + i (lo_b: the first tile any of b's tokens sees).
+//     It stages that tile per chain and computes every pair's partial with the block kernel's
+//     own code (tree_attention_block_tile.cuh), then writes it to scratch (no merge).
+//   pass 2 (MergeKernel), one warp per (t, n): merges the round's partials in increasing tile
+//     order into the running (m, l, acc) exactly as TileStep (first non-empty tile copied,
+//     then MergeFactors / Merged), keeps it in scratch between rounds, and after the last
+//     round writes out[t, n] = Normalised(acc, l).
+// Rounds of R tiles bound the scratch; the handler cannot see the tables, so it runs enough
+// rounds to cover `covered` tiles per block (SplitPlan). A block whose tokens' tiles span more
+// is left to FallbackKernel (the lanes kernel's warp, same bits): results never depend on the
+// bound, only the speed does.
+//
+// Scratch (ffi::ScratchAllocator, one allocation): partials [R][T * N][kRecord] f32, then the
+// state [T * N][kRecord] f32 when there is more than one round. A record is acc [H] (dimension
+// d at d), then mt (or m), lt (or l), seen (1: the tile had a visible key, 0: skip), padding.
+// Pass 1 writes every (slot, pair) of its block's span (acct only when seen); pass 2 reads only
+// slots inside its block's span, so nothing is cleared. Included by tree_attention_cuda.cu only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+
+#include "cc/cuda_common.cuh"
+#include "cc/numerics.h"
+#include "cc/ops/tree_attention.h"
+#include "cc/ops/tree_attention_block_tile.cuh"
+#include "cc/ops/tree_attention_lanes.cuh"
+
+namespace prism {
+namespace split {
+
+constexpr int kTail = 4;  // record floats after acc: m, l, seen, padding (16-byte records)
+constexpr int kMergeWarps = 4;
+constexpr int kMergeBatch = 8;  // partial records a merge warp loads before merging them
+template <int kH>
+constexpr int Record() {
+  return kH + kTail;
+}
+
+// One round: tiles [base, base + slots) of each block's span; blocks spanning more than
+// `covered` tiles (all rounds together) are the fallback's.
+struct Round {
+  int64_t base, slots, covered;
+};
+
+// Tiles seen by the valid tokens of [t0, t0 + qt) (ListChains's j_lo, j_hi; hi < lo: none).
+struct Span {
+  int64_t lo, hi;
+};
+__device__ __forceinline__ Span BlockSpan(const Dims& dm, const Tables& tb, int32_t window,
+                                          int64_t t0, int qt) {
+  Span sp{0, -1};
+  for (int i = 0; i < qt && t0 + i < dm.t; ++i) {
+    const int64_t pos = tb.positions[t0 + i], chain = tb.chain_of[t0 + i];
+    if (pos < 0 || chain < 0 || chain >= dm.c) continue;
+    const int64_t a = FirstTile(pos, window), b = LastTile(pos);
+    sp.lo = sp.hi < sp.lo ? a : (a < sp.lo ? a : sp.lo);
+    sp.hi = b > sp.hi ? b : sp.hi;
+  }
+  return sp;
+}
+__device__ __forceinline__ bool Overflows(const Span& sp, const Round& rd) {
+  return sp.hi - sp.lo + 1 > rd.covered;
+}
+
+// kN floats to global memory (vector stores: records and lane slices are 8-byte aligned, and
+// 16-byte aligned when kN is a multiple of 4).
+template <int kN>
+__device__ __forceinline__ void StoreDims(float* p, const float (&v)[kN]) {
+  if constexpr (kN % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < kN / 4; ++j) {
+      reinterpret_cast<float4*>(p)[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2],
+                                                    v[4 * j + 3]);
+    }
+  } else {
+    static_assert(kN % 2 == 0, "lane slices are pairs of floats at least");
+#pragma unroll
+    for (int j = 0; j < kN / 2; ++j) {
+      reinterpret_cast<float2*>(p)[j] = make_float2(v[2 * j], v[2 * j + 1]);
+    }
+  }
+}
+
+// Writes the warp's pairs' partials of one chain (those with a visible key) to slot's records.
+template <int kH, int kPW>
+__device__ __forceinline__ void WritePartials(const block::Partials<kH, kPW>& pt,
+                                              const Dims& dm, int64_t t0, int64_t kvh,
+                                              int g_count, float* slot_part, unsigned* done) {
+  constexpr int kDims = block::Shape<kH, kPW>::kDims;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+#pragma unroll
+  for (int i = 0; i < kPW; ++i) {
+    const int p = warp * kPW + i;
+    const int64_t t = t0 + p / g_count, n = kvh * g_count + p % g_count;
+    if (pt.mask[i] == 0 || t >= dm.t) continue;  // uniform
+    float* rec = slot_part + (t * dm.n + n) * Record<kH>();
+    StoreDims<kDims>(rec + lane * kDims, pt.acct[i]);
+    if (lane == 0) {
+      *reinterpret_cast<float4*>(rec + kH) = make_float4(pt.mt[i], pt.lt[i], 1.0f, 0.0f);
+    }
+    *done |= 1u << i;
+  }
+}
+
+// Marks the warp's pairs that no chain gave a partial as "no visible key" in the slot.
+template <int kH, int kPW>
+__device__ __forceinline__ void WriteEmpty(const Dims& dm, int64_t t0, int64_t kvh, int g_count,
+                                           float* slot_part, unsigned done) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  if (lane >= kPW || ((done >> lane) & 1u)) return;
+  const int p = warp * kPW + lane;
+  const int64_t t = t0 + p / g_count, n = kvh * g_count + p % g_count;
+  if (t < dm.t) slot_part[(t * dm.n + n) * Record<kH>() + kH + 2] = 0.0f;
+}
+
+// Pass 1 (see the top of this file). grid = (ceil(T / Qt), K, rd.slots), Qt = kPairs / G.
+template <typename Q, typename KV, int kH, int kPW>
+__global__ void __launch_bounds__(block::kThreads, kH <= 128 ? 2 : 1)
+    PartialKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
+                  const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale, int32_t window,
+                  Round rd, float* __restrict__ part) {
+  using S = block::Shape<kH, kPW>;
+  const int g_count = static_cast<int>(dm.n / dm.k), qt = S::kPairs / g_count;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * qt, kvh = blockIdx.y;
+  const Span sp = BlockSpan(dm, tb, window, t0, qt);
+  const int64_t j = sp.lo + rd.base + blockIdx.z;
+  if (j > sp.hi || Overflows(sp, rd)) return;  // uniform: no tile here, or the fallback's block
+
+  extern __shared__ __align__(16) float smem[];
+  __shared__ block::BlockInfo info;
+  const block::Smem sm = block::CarveSmem<kH, kPW>(smem);
+  block::SetupBlock<Q, kH, kPW>(q, dm, tb, window, t0, kvh, sm, &info);
+  float* slot_part = part + static_cast<int64_t>(blockIdx.z) * dm.t * dm.n * Record<kH>();
+  unsigned done = 0;  // bit i: the warp's pair i has a partial in this tile
+  for (int ci = 0; ci < info.n_chains; ++ci) {
+    if (j < sm.chains[ci].lo || j > sm.chains[ci].hi) continue;  // uniform (shared memory)
+    block::StageTile<KV, kH, kPW>(k_pool, v_pool, dm, tb, window, kvh, j, ci, qt, sm);
+    block::Partials<kH, kPW> pt;
+    block::TilePartials<kH, kPW>(sm, j, ci, window, scale, g_count, &pt);
+    WritePartials<kH, kPW>(pt, dm, t0, kvh, g_count, slot_part, &done);
+  }
+  WriteEmpty<kH, kPW>(dm, t0, kvh, g_count, slot_part, done);
+}
+
+// A pair's running state: m and l (equal on every lane) and the lane's dimensions of acc.
+template <int kH>
+struct State {
+  float m, l, acc[kH / kWarpSize];
+};
+
+// Merges one tile's partial (tail = mt, lt, seen; acct the lane's dimensions) into st:
+// TileStep's merge, the same operations in the same order.
+template <int kH>
+__device__ __forceinline__ void MergeTile(const float4& tail, const float (&acct)[kH / kWarpSize],
+                                          State<kH>* st) {
+  constexpr int kDims = kH / kWarpSize;
+  if (tail.z == 0.0f) return;  // uniform: no visible key in the tile
+  const bool first = st->l == 0.0f;
+  const MergeWeights mw = first ? MergeWeights{tail.x, 0.0f, 1.0f} : MergeFactors(st->m, tail.x);
+  st->m = mw.m;
+  st->l = first ? tail.y : Merged(st->l, mw.a, tail.y, mw.b);
+#pragma unroll
+  for (int d = 0; d < kDims; ++d) {
+    st->acc[d] = first ? acct[d] : Merged(st->acc[d], mw.a, acct[d], mw.b);
+  }
+}
+
+// Pass 2 (see the top of this file): one warp per (t, n), kMergeWarps per block.
+template <typename Q, int kH>
+__global__ void __launch_bounds__(kMergeWarps * kWarpSize)
+    MergeKernel(Dims dm, Tables tb, int32_t window, int qt, Round rd, bool first_round,
+                bool last_round, const float* __restrict__ part, float* __restrict__ state,
+                Q* __restrict__ out) {
+  constexpr int kDims = kH / kWarpSize;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / kWarpSize;
+  if (w >= dm.t * dm.n) return;  // uniform per warp; no block barrier
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  const int64_t t = w / dm.n;
+  const Span sp = BlockSpan(dm, tb, window, t / qt * qt, qt);
+  if (Overflows(sp, rd)) return;  // the fallback writes out[t, n]
+  State<kH> st = {};
+  float* srec = state + w * Record<kH>();
+  if (!first_round) {
+    lanes::LoadDims<kDims>(srec + lane * kDims, st.acc);
+    st.m = srec[kH], st.l = srec[kH + 1];
+  }
+  const int64_t left = sp.hi - (sp.lo + rd.base) + 1;  // the span's tiles from this round on
+  const int64_t slots = left < 0 ? 0 : (left < rd.slots ? left : rd.slots);
+  for (int64_t i0 = 0; i0 < slots; i0 += kMergeBatch) {  // kMergeBatch records in flight
+    float4 tail[kMergeBatch];
+    float acct[kMergeBatch][kDims];
+#pragma unroll
+    for (int u = 0; u < kMergeBatch; ++u) {
+      tail[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // past the span: seen = 0
+      if (i0 + u >= slots) continue;
+      const float* rec = part + ((i0 + u) * dm.t * dm.n + w) * Record<kH>();
+      tail[u] = *reinterpret_cast<const float4*>(rec + kH);
+      lanes::LoadDims<kDims>(rec + lane * kDims, acct[u]);  // unused (unset) when seen = 0
+    }
+#pragma unroll
+    for (int u = 0; u < kMergeBatch; ++u) MergeTile<kH>(tail[u], acct[u], &st);
+  }
+  if (last_round) {
+#pragma unroll
+    for (int d = 0; d < kDims; ++d) {
+      FromF32(Normalised(st.acc[d], st.l), out + w * kH + lane * kDims + d);
+    }
+  } else {
+    StoreDims<kDims>(srec + lane * kDims, st.acc);
+    if (lane == 0) srec[kH] = st.m, srec[kH + 1] = st.l;
+  }
+}
+
+// Queries of blocks whose span exceeds the rounds' coverage: the lanes kernel's warp.
+template <typename Q, typename KV, int kH>
+__global__ void __launch_bounds__(lanes::kWarps * kWarpSize)
+    FallbackKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
+                   const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale,
+                   int32_t window, int qt, Round rd, Q* __restrict__ out) {
+  __shared__ lanes::TileScratch scratch[lanes::kWarps];
+  const int wib = static_cast<int>(threadIdx.x / kWarpSize);
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * lanes::kWarps + wib;
+  if (w >= dm.t * dm.n) return;  // uniform per warp
+  const int64_t t = w / dm.n;
+  if (!Overflows(BlockSpan(dm, tb, window, t / qt * qt, qt), rd)) return;
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  lanes::AttendWarp<Q, KV, kH>(q, k_pool, v_pool, dm, tb, scale, window, w, lane,
+                               &scratch[wib], out);
+}
+
+// Host: the round size and count. The handler cannot read the tables, so the rounds cover a
+// bound on a block's span that holds whenever its tokens' positions are < P * L (a chain holds
+// at most P * L keys and the engine numbers them from 0): every tile then lies in
+// [0, ceil(P * L / 64)). With a window, Qt consecutive positions of one chain span at most
+// floor((window + Qt - 2) / 64) + 2 tiles, a tighter bound. Blocks beyond it (tables with larger
+// positions, or windowed blocks mixing distant positions) go to FallbackKernel.
+// At most kMaxRounds rounds: each costs two launches even when all its blocks exit at once, and
+// the round size R (the scratch budget's) already covers ~16K positions at T = 64, N = 32.
+// PRISM_TREE_ATTENTION_SPLIT_TILES=<R> forces the round size and lifts that cap, so tests run
+// many rounds over the whole bound.
+constexpr int64_t kScratchBudget = int64_t{256} << 20;  // partials of one round, bytes
+constexpr int64_t kMaxSlots = 65535;                    // gridDim.z
+constexpr int64_t kMaxRounds = 2;                       // beyond: the fallback's
+
+struct Plan {
+  int64_t slots, rounds;
+  size_t part_bytes, state_bytes;
+};
+
+inline Plan SplitPlan(const Dims& dm, int32_t window, int qt) {
+  const int64_t rec = (dm.h + kTail) * static_cast<int64_t>(sizeof(float));
+  const int64_t slot_bytes = dm.t * dm.n * rec;
+  int64_t bound = CeilDiv(dm.p * dm.l, kAttnTile);
+  if (window > 0) bound = std::min<int64_t>(bound, (window + qt - 2) / kAttnTile + 2);
+  bound = std::max<int64_t>(bound, 1);
+  int64_t slots = std::min({bound, kScratchBudget / slot_bytes, kMaxSlots});
+  const char* env = std::getenv("PRISM_TREE_ATTENTION_SPLIT_TILES");
+  const int64_t forced = env == nullptr ? 0 : std::atoll(env);
+  if (forced > 0) slots = std::min(forced, kMaxSlots);
+  slots = std::max<int64_t>(slots, 1);
+  const int64_t needed = CeilDiv(bound, slots);
+  const int64_t rounds = forced > 0 ? needed : std::min(needed, kMaxRounds);
+  return {slots, rounds, static_cast<size_t>(slots * slot_bytes),
+          rounds > 1 ? static_cast<size_t>(dm.t * dm.n * rec) : 0};
+}
+
+}  // namespace split
+}  // namespace prism
