@@ -1,0 +1,174 @@
+"""tree_attention's split kernel (cc/ops/tree_attention_split.cuh: tile partials in parallel,
+merged in order by a second pass, in rounds of PRISM_TREE_ATTENTION_SPLIT_TILES tiles) against
+the warp kernel, BIT FOR BIT: forests, GQA ratios, f32/bf16 pools, windows, a short step of one
+chain on a long prefix (several rounds), decode-like steps of one-token chains, padding, queries
+that see nothing, and chains past the pool's capacity (the fallback). GPU only.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.ops.test_tree_attention import (
+    L,
+    P,
+    Pool,
+    assert_same_kernels,
+    forced_runs,
+    forest_tokens,
+    make_world,
+    run_step,
+    split_chain,
+)
+
+DTYPES = [(jnp.float32,) * 2, (jnp.bfloat16,) * 2, (jnp.bfloat16, jnp.float32)]  # pool, q
+
+
+@pytest.fixture
+def tiles(request, monkeypatch):
+    """The round size: "" = the handler's own choice, else forced (several rounds)."""
+    if request.param:
+        monkeypatch.setenv("PRISM_TREE_ATTENTION_SPLIT_TILES", request.param)
+    else:
+        monkeypatch.delenv("PRISM_TREE_ATTENTION_SPLIT_TILES", raising=False)
+    return request.param
+
+
+@pytest.mark.parametrize("h", [64, 128, 256])
+@pytest.mark.parametrize("nh", [2, 4, 8])  # G = 1, 2, 4 with K = 2
+@pytest.mark.parametrize("dtype,q_dtype", DTYPES)
+@pytest.mark.parametrize("window", [0, 37])
+@pytest.mark.parametrize("tiles", ["", "3"], indirect=True)
+def test_split_kernel_forest_bitwise(gpu, rng, monkeypatch, h, nh, dtype, q_dtype, window, tiles):
+    """Forests (chains interleaved inside a query tile), T not a multiple of the query tile,
+    padding tokens: split == warp, pools included; "" also checks the automatic choice."""
+    kh = 2
+    world = make_world(rng, 200, nh, kh, h, dtype, q_dtype)
+    seed = int(rng.integers(1 << 31))
+    kernels = ("warp", "split", "block")
+
+    def step(pool):
+        tokens = forest_tokens(np.random.default_rng(seed), pool, lambda b, n: world, 4)
+        return run_step(gpu, pool, tokens, window=window, pad_to=len(tokens) + 13)
+
+    results = forced_runs(
+        gpu, monkeypatch, kernels, lambda: Pool(np.random.default_rng(seed), kh, h, dtype), [step]
+    )
+    assert_same_kernels(results, kernels, f"H={h} G={nh // kh} tiles={tiles!r}")
+
+
+@pytest.mark.parametrize("h", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("window", [0, 1000])
+@pytest.mark.parametrize("tiles", ["", "2", "3"], indirect=True)
+def test_split_kernel_short_step_on_long_state_bitwise(
+    gpu, rng, monkeypatch, h, dtype, window, tiles
+):
+    """The follow-up question: a ~2.6K-key state, then 32 tokens of the same chain in a step of
+    T = 64 (the rest padding), which the automatic choice ("") gives to the split kernel."""
+    nh, kh, n, chunk = 4, 2, 2600, 32
+    world = make_world(rng, n, nh, kh, h, dtype)
+    seed = int(rng.integers(1 << 31))
+    kernels = ("warp", "split", "")
+    chains = {}
+
+    def pool_of():
+        pool = Pool(np.random.default_rng(seed), kh, h, dtype, pages=n // L + 8)
+        chains["c"] = split_chain(np.random.default_rng(seed + 1), pool, n, 3)
+        return pool
+
+    def prefill(pool):
+        toks = [(chains["c"], world, p) for p in range(n - chunk)]
+        return run_step(gpu, pool, toks, window=window, pad_to=n - chunk + 5)
+
+    def tail(pool):
+        toks = [(chains["c"], world, p) for p in range(n - chunk, n)]
+        return run_step(gpu, pool, toks, window=window, pad_to=2 * chunk)
+
+    results = forced_runs(gpu, monkeypatch, kernels, pool_of, [prefill, tail])
+    assert_same_kernels(results, kernels, f"long state H={h} tiles={tiles!r}")
+
+
+def decode_chains(rng, pool, n_rows, blind):
+    """One-token chains (decode rows) of different lengths over a shared root; the first `blind`
+    rows sit on chains whose pages are all out of range, so they see no key (exact zeros)."""
+    root = pool.segment(0, int(rng.integers(40, 150)))
+    chains = []
+    for i in range(n_rows):
+        if i < blind:
+            length = int(rng.integers(1, 100))
+            chains.append([(0, length, [-1] * (-(-length // L)))])  # nothing is written either
+            continue
+        mid = pool.segment(root[1], int(rng.integers(1, 60)))
+        chains.append([root, mid, pool.segment(mid[0] + mid[1], 1)])
+    return chains
+
+
+def last_position(chain):
+    return chain[-1][0] + chain[-1][1] - 1
+
+
+@pytest.mark.parametrize("h", [64, 128, 256])
+@pytest.mark.parametrize("nh", [2, 8])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("window", [0, 37])
+@pytest.mark.parametrize("tiles", ["", "2"], indirect=True)
+def test_split_kernel_decode_rows_bitwise(gpu, rng, monkeypatch, h, nh, dtype, window, tiles):
+    """A prefill of a shared root and per-row middles, then a decode-like step: 21 one-token
+    chains of different lengths (3 blind: no visible key) padded to T = 32. Windowed blocks that
+    mix distant positions span more tiles than the rounds cover and take the fallback."""
+    kh, blind = 2, 3
+    world = make_world(rng, 300, nh, kh, h, dtype)
+    seed = int(rng.integers(1 << 31))
+    kernels = ("warp", "split", "")
+    chains = {}
+
+    def pool_of():
+        pool = Pool(np.random.default_rng(seed), kh, h, dtype)
+        chains["c"] = decode_chains(np.random.default_rng(seed + 1), pool, 21, blind)
+        return pool
+
+    def prefill(pool):
+        real = chains["c"][blind:]
+        toks = [(real[0], world, p) for p in range(real[0][0][1])]  # the shared root, once
+        for ch in real:
+            toks += [(ch, world, p) for p in range(ch[1][0], ch[1][0] + ch[1][1])]
+        return run_step(gpu, pool, toks, window=window, pad_to=len(toks) + 5)
+
+    def decode(pool):
+        order = np.random.default_rng(seed + 2).permutation(len(chains["c"]))
+        toks = [(chains["c"][i], world, last_position(chains["c"][i])) for i in order]
+        out = run_step(gpu, pool, toks, window=window, pad_to=32)
+        seen_nothing = [j for j, i in enumerate(order) if i < blind]
+        assert not np.any(np.asarray(out[seen_nothing], np.float32)), "blind rows: exact zeros"
+        return out
+
+    results = forced_runs(gpu, monkeypatch, kernels, pool_of, [prefill, decode])
+    assert_same_kernels(results, kernels, f"decode H={h} G={nh // kh} tiles={tiles!r}")
+
+
+@pytest.mark.parametrize("h", [64, 128, 256])
+@pytest.mark.parametrize("window", [0, 45])
+def test_split_kernel_positions_past_the_pool_bitwise(gpu, rng, monkeypatch, h, window):
+    """A chain whose positions start past P * L (legal: positions are logical) spans more tiles
+    than the handler's bound: its blocks take the fallback, next to ordinary chains' blocks that
+    take the split passes, in one step."""
+    nh, kh, dtype = 4, 2, jnp.bfloat16
+    far = P * L + 77
+    world = make_world(rng, far + 20, nh, kh, h, dtype)
+    seed = int(rng.integers(1 << 31))
+    kernels = ("warp", "split")
+
+    def step(pool):
+        near, remote = [pool.segment(0, 40)], [pool.segment(far, 20)]
+        tokens = [(near, world, p) for p in range(40)]
+        tokens += [(remote, world, far + p) for p in range(20)]
+        order = np.random.default_rng(seed).permutation(len(tokens))
+        return run_step(gpu, pool, [tokens[i] for i in order], window=window, pad_to=64)
+
+    results = forced_runs(
+        gpu, monkeypatch, kernels, lambda: Pool(np.random.default_rng(seed), kh, h, dtype), [step]
+    )
+    assert_same_kernels(results, kernels, f"past the pool H={h}")
