@@ -1,7 +1,9 @@
 // The gated activations' shared pieces (CPU and CUDA handlers of both ops):
-//   prism_glu_quant   gate, up [M, F] f32|bf16 -> a_q s8 [M, F], s_a f32 [M]
-//   prism_glu_quant2  gate, up [M, F] f32|bf16 -> q1 s8 [M, F], s1 f32 [M], q2 s8, s2 f32 (same)
-// a = Activate(gate) * up. glu_quant2's (q1, s1) is prism_glu_quant's result, bit for bit; the
+//   prism_glu_quant   gate_up [M, 2F] f32|bf16 -> a_q s8 [M, F], s_a f32 [M]
+//   prism_glu_quant2  gate_up [M, 2F] f32|bf16 -> q1 s8 [M, F], s1 f32 [M], q2 s8, s2 f32 (same)
+// Row r of gate_up is gate (its first F elements) then up: the fused gate/up projection's own
+// layout [M, 2, F], so neither half is ever copied out by XLA. a = Activate(gate) * up.
+// glu_quant2's (q1, s1) is prism_glu_quant's result, bit for bit; the
 // remainder r = a - q1 * s1 is quantised per row with the same rule (numerics.h), so that
 // q1 * s1 + q2 * s2 reproduces a to about 1 / (127 * 254) of the row's max.
 #pragma once
@@ -27,14 +29,12 @@ PRISM_HD float QuantRemainder(float a, int8_t code, float scale) {
 }
 
 // The handlers' argument checks (the Python wrapper checks first, with friendlier words).
-inline ffi::Error CheckGluArgs(const std::string& op, const ffi::AnyBuffer& gate,
-                               const ffi::AnyBuffer& up, int32_t activation) {
-  PRISM_REQUIRE(gate.dimensions().size() == 2, op + ": gate must be [M, F]");
-  PRISM_REQUIRE(IsFloatActivation(gate.element_type()),
-                op + ": gate must be float32 or bfloat16");
-  PRISM_REQUIRE(up.element_type() == gate.element_type() &&
-                    up.element_count() == gate.element_count(),
-                op + ": up must match gate in shape and dtype");
+inline ffi::Error CheckGluArgs(const std::string& op, const ffi::AnyBuffer& gate_up,
+                               int32_t activation) {
+  PRISM_REQUIRE(gate_up.dimensions().size() == 2 && gate_up.dimensions()[1] % 2 == 0,
+                op + ": gate_up must be [M, 2F] (each row: gate, then up)");
+  PRISM_REQUIRE(IsFloatActivation(gate_up.element_type()),
+                op + ": gate_up must be float32 or bfloat16");
   PRISM_REQUIRE(activation == 0 || activation == 1,
                 op + ": activation must be 0 (gelu_tanh) or 1 (silu)");
   return ffi::Error::Success();

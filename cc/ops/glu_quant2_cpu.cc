@@ -1,5 +1,5 @@
 // prism_glu_quant2 on the CPU: glu_quant plus the second INT8 digit of each row (glu_quant.h).
-//   gate, up [M, F] f32|bf16 -> q1 s8 [M, F], s1 f32 [M], q2 s8 [M, F], s2 f32 [M].
+//   gate_up [M, 2F] f32|bf16 -> q1 s8 [M, F], s1 f32 [M], q2 s8 [M, F], s2 f32 [M].
 // Each row is one pass of Activate (a kept in a row buffer, then overwritten by the remainder);
 // rows are spread over XLA's thread pool, and a row's bits never depend on which thread ran it.
 #include <algorithm>
@@ -47,35 +47,35 @@ void GluRow2(const T* gate, const T* up, int64_t f, Activation act, float* buf, 
 }
 
 template <typename T>
-void GluRows2(ffi::ThreadPool& pool, const T* gate, const T* up, int64_t m, int64_t f,
-              Activation act, Digits out) {
+void GluRows2(ffi::ThreadPool& pool, const T* gate_up, int64_t m, int64_t f, Activation act,
+              Digits out) {
   const int64_t per_item = std::max<int64_t>(1, kElementsPerItem / std::max<int64_t>(f, 1));
   ParallelFor(pool, (m + per_item - 1) / per_item, [&](int64_t item) {
     std::vector<float> buf(f);
     const int64_t end = std::min(m, (item + 1) * per_item);
     for (int64_t r = item * per_item; r < end; ++r) {
-      GluRow2(gate + r * f, up + r * f, f, act, buf.data(), out.q1 + r * f, out.s1 + r,
-              out.q2 + r * f, out.s2 + r);
+      const T* gate = gate_up + r * 2 * f;
+      GluRow2(gate, gate + f, f, act, buf.data(), out.q1 + r * f, out.s1 + r, out.q2 + r * f,
+              out.s2 + r);
     }
   });
 }
 
-ffi::Error GluQuant2Cpu(ffi::ThreadPool pool, ffi::AnyBuffer gate, ffi::AnyBuffer up,
+ffi::Error GluQuant2Cpu(ffi::ThreadPool pool, ffi::AnyBuffer gate_up,
                         ffi::Result<ffi::BufferR2<ffi::S8>> q1,
                         ffi::Result<ffi::BufferR1<ffi::F32>> s1,
                         ffi::Result<ffi::BufferR2<ffi::S8>> q2,
                         ffi::Result<ffi::BufferR1<ffi::F32>> s2, int32_t activation) {
-  if (ffi::Error e = CheckGluArgs("prism_glu_quant2", gate, up, activation); e.failure()) {
+  if (ffi::Error e = CheckGluArgs("prism_glu_quant2", gate_up, activation); e.failure()) {
     return e;
   }
-  const int64_t m = gate.dimensions()[0], f = gate.dimensions()[1];
+  const int64_t m = gate_up.dimensions()[0], f = gate_up.dimensions()[1] / 2;
   const auto act = static_cast<Activation>(activation);
   const Digits out{q1->typed_data(), s1->typed_data(), q2->typed_data(), s2->typed_data()};
-  if (gate.element_type() == ffi::DataType::F32) {
-    GluRows2(pool, gate.reinterpret_data<float>(), up.reinterpret_data<float>(), m, f, act, out);
+  if (gate_up.element_type() == ffi::DataType::F32) {
+    GluRows2(pool, gate_up.reinterpret_data<float>(), m, f, act, out);
   } else {
-    GluRows2(pool, gate.reinterpret_data<uint16_t>(), up.reinterpret_data<uint16_t>(), m, f, act,
-             out);
+    GluRows2(pool, gate_up.reinterpret_data<uint16_t>(), m, f, act, out);
   }
   return ffi::Error::Success();
 }
@@ -88,8 +88,7 @@ namespace ffi = xla::ffi;
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismGluQuant2Cpu, prism::GluQuant2Cpu,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()            // gate [M, F] f32|bf16
-                                  .Arg<ffi::AnyBuffer>()            // up [M, F]
+                                  .Arg<ffi::AnyBuffer>()            // gate_up [M, 2F] f32|bf16
                                   .Ret<ffi::BufferR2<ffi::S8>>()   // q1 [M, F]
                                   .Ret<ffi::BufferR1<ffi::F32>>()  // s1 [M]
                                   .Ret<ffi::BufferR2<ffi::S8>>()   // q2 [M, F]

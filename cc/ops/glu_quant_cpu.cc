@@ -1,5 +1,5 @@
 // prism_glu_quant on the CPU: a = act(gate) * up, then per-row symmetric INT8 quantisation.
-//   gate, up [M, F] f32|bf16 -> a_q s8 [M, F], s_a f32 [M]; attr activation (numerics.h).
+//   gate_up [M, 2F] f32|bf16 -> a_q s8 [M, F], s_a f32 [M]; attr activation (numerics.h).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -12,13 +12,14 @@ namespace prism {
 namespace {
 
 template <typename T>
-void GluRows(const T* gate, const T* up, int64_t m, int64_t f, Activation act, int8_t* q,
-             float* s) {
+void GluRows(const T* gate_up, int64_t m, int64_t f, Activation act, int8_t* q, float* s) {
   std::vector<float> a(f);
   for (int64_t r = 0; r < m; ++r) {
+    const T* gate = gate_up + r * 2 * f;
+    const T* up = gate + f;
     float amax = 0.0f;
     for (int64_t i = 0; i < f; ++i) {
-      a[i] = Activate(act, ToF32(gate[r * f + i])) * ToF32(up[r * f + i]);
+      a[i] = Activate(act, ToF32(gate[i])) * ToF32(up[i]);
       amax = std::max(amax, std::fabs(a[i]));
     }
     const float inv = QuantInverse(amax);
@@ -27,20 +28,18 @@ void GluRows(const T* gate, const T* up, int64_t m, int64_t f, Activation act, i
   }
 }
 
-ffi::Error GluQuantCpu(ffi::AnyBuffer gate, ffi::AnyBuffer up,
-                       ffi::Result<ffi::BufferR2<ffi::S8>> a_q,
+ffi::Error GluQuantCpu(ffi::AnyBuffer gate_up, ffi::Result<ffi::BufferR2<ffi::S8>> a_q,
                        ffi::Result<ffi::BufferR1<ffi::F32>> s_a, int32_t activation) {
-  if (ffi::Error e = CheckGluArgs("prism_glu_quant", gate, up, activation); e.failure()) {
+  if (ffi::Error e = CheckGluArgs("prism_glu_quant", gate_up, activation); e.failure()) {
     return e;
   }
-  const int64_t m = gate.dimensions()[0], f = gate.dimensions()[1];
+  const int64_t m = gate_up.dimensions()[0], f = gate_up.dimensions()[1] / 2;
   const auto act = static_cast<Activation>(activation);
-  if (gate.element_type() == ffi::DataType::F32) {
-    GluRows(gate.reinterpret_data<float>(), up.reinterpret_data<float>(), m, f, act,
-            a_q->typed_data(), s_a->typed_data());
+  if (gate_up.element_type() == ffi::DataType::F32) {
+    GluRows(gate_up.reinterpret_data<float>(), m, f, act, a_q->typed_data(), s_a->typed_data());
   } else {
-    GluRows(gate.reinterpret_data<uint16_t>(), up.reinterpret_data<uint16_t>(), m, f, act,
-            a_q->typed_data(), s_a->typed_data());
+    GluRows(gate_up.reinterpret_data<uint16_t>(), m, f, act, a_q->typed_data(),
+            s_a->typed_data());
   }
   return ffi::Error::Success();
 }
@@ -52,8 +51,7 @@ namespace ffi = xla::ffi;
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismGluQuantCpu, prism::GluQuantCpu,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()            // gate [M, F] f32|bf16
-                                  .Arg<ffi::AnyBuffer>()            // up [M, F]
+                                  .Arg<ffi::AnyBuffer>()            // gate_up [M, 2F] f32|bf16
                                   .Ret<ffi::BufferR2<ffi::S8>>()   // a_q [M, F]
                                   .Ret<ffi::BufferR1<ffi::F32>>()  // s_a [M]
                                   .Attr<int32_t>("activation"));

@@ -1,6 +1,11 @@
 """glu_quant: a = act(gate) * up, then per-row INT8 quantisation (F ffw dim; rows flattened);
 glu_quant2: the same plus the second INT8 digit of each row, in one custom call.
 
+The custom calls read the fused gate/up projection's output [..., 2, F] as it is
+(`glu_quant_pair`, `glu_quant2_pair`: what the model calls): slicing gate and up out of it
+first cost XLA a copy of both halves, about 20 us per 27B layer at 256 tokens on an H200.
+`glu_quant(gate, up)` and `glu_quant2(gate, up)` take the halves apart and stack them.
+
 Activations: "gelu_tanh" (Gemma) and "silu" (Llama, Qwen). The transcendental functions run
 inside the custom call so XLA cannot vectorise them differently for different batch shapes;
 the reference uses XLA's tanh/exp and therefore matches to rounding, not bitwise.
@@ -47,6 +52,29 @@ def _check(gate, up, activation: str) -> None:
         )
 
 
+def _check_pair(gate_up, activation: str) -> None:
+    if getattr(gate_up, "ndim", 0) < 2 or gate_up.shape[-2] != 2:
+        got = _checks.describe(gate_up) if hasattr(gate_up, "shape") else type(gate_up).__name__
+        raise ValueError(f"{OP}: gate_up must be [..., 2, F] (gate, then up), got {got}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(
+            f"{OP}: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}"
+        )
+    _checks.require(
+        OP,
+        "gate_up",
+        gate_up,
+        rank=gate_up.ndim,
+        dtypes=_checks.FLOAT_ACTIVATIONS,
+        expected="[..., 2, F] (gate, then up)",
+    )
+
+
+def _rows(gate_up):
+    """[..., 2, F] -> [M, 2F]: a free reshape (each row is gate, then up, in memory)."""
+    return gate_up.reshape(-1, 2 * gate_up.shape[-1])
+
+
 def glu_quant_reference(gate, up, activation: str):
     act = gelu_tanh if activation == "gelu_tanh" else silu
     return quantize_rows(act(gate.astype(jnp.float32)) * up.astype(jnp.float32))
@@ -64,17 +92,22 @@ def glu_quant(gate, up, *, activation: str, impl: Impl | None = None):
       (a_q int8 [..., F], s_a float32 [...]).
     """
     _check(gate, up, activation)
+    return glu_quant_pair(jnp.stack([gate, up], axis=-2), activation=activation, impl=impl)
+
+
+def glu_quant_pair(gate_up, *, activation: str, impl: Impl | None = None):
+    """glu_quant of the fused projection output gate_up [..., 2, F] (gate = [..., 0, :])."""
+    _check_pair(gate_up, activation)
     if resolve_impl(impl) == "reference":
-        return glu_quant_reference(gate, up, activation)
+        return glu_quant_reference(gate_up[..., 0, :], gate_up[..., 1, :], activation)
     require_target("prism_glu_quant")
-    g2, u2 = gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1])  # (M, F)
-    outs = (
-        jax.ShapeDtypeStruct(g2.shape, jnp.int8),
-        jax.ShapeDtypeStruct(g2.shape[:1], jnp.float32),
-    )
+    rows = _rows(gate_up)  # (M, 2F)
+    m, f = rows.shape[0], gate_up.shape[-1]
+    outs = (jax.ShapeDtypeStruct((m, f), jnp.int8), jax.ShapeDtypeStruct((m,), jnp.float32))
     call = jax.ffi.ffi_call("prism_glu_quant", outs, vmap_method="sequential")
-    q, s = call(g2, u2, activation=np.int32(ACTIVATIONS[activation]))
-    return q.reshape(gate.shape), s.reshape(gate.shape[:-1])
+    q, s = call(rows, activation=np.int32(ACTIVATIONS[activation]))
+    lead = gate_up.shape[:-2]
+    return q.reshape(*lead, f), s.reshape(lead)
 
 
 def glu_quant2_reference(gate, up, activation: str):
@@ -102,15 +135,22 @@ def glu_quant2(gate, up, *, activation: str, impl: Impl | None = None):
       (q1 int8 [..., F], s1 float32 [...], q2 int8 [..., F], s2 float32 [...]).
     """
     _check(gate, up, activation)
+    return glu_quant2_pair(jnp.stack([gate, up], axis=-2), activation=activation, impl=impl)
+
+
+def glu_quant2_pair(gate_up, *, activation: str, impl: Impl | None = None):
+    """glu_quant2 of the fused projection output gate_up [..., 2, F] (gate = [..., 0, :])."""
+    _check_pair(gate_up, activation)
     if resolve_impl(impl) == "reference":
-        return glu_quant2_reference(gate, up, activation)
+        return glu_quant2_reference(gate_up[..., 0, :], gate_up[..., 1, :], activation)
     require_target("prism_glu_quant2")
-    g2, u2 = gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1])  # (M, F)
-    codes = jax.ShapeDtypeStruct(g2.shape, jnp.int8)
-    scales = jax.ShapeDtypeStruct(g2.shape[:1], jnp.float32)
+    rows = _rows(gate_up)  # (M, 2F)
+    m, f = rows.shape[0], gate_up.shape[-1]
+    codes = jax.ShapeDtypeStruct((m, f), jnp.int8)
+    scales = jax.ShapeDtypeStruct((m,), jnp.float32)
     call = jax.ffi.ffi_call(
         "prism_glu_quant2", (codes, scales, codes, scales), vmap_method="sequential"
     )
-    q1, s1, q2, s2 = call(g2, u2, activation=np.int32(ACTIVATIONS[activation]))
-    rows = gate.shape[:-1]
-    return q1.reshape(gate.shape), s1.reshape(rows), q2.reshape(gate.shape), s2.reshape(rows)
+    q1, s1, q2, s2 = call(rows, activation=np.int32(ACTIVATIONS[activation]))
+    lead = gate_up.shape[:-2]
+    return q1.reshape(*lead, f), s1.reshape(lead), q2.reshape(*lead, f), s2.reshape(lead)

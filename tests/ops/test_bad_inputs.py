@@ -34,6 +34,8 @@ CASES = [
     (lambda: ops.rmsnorm(f32(2, 8), f32(8, 1), eps=1e-6), "gamma", "[8]"),
     (lambda: ops.glu_quant(f32(2, 8), f32(2, 9), activation="silu"), "up", "[2, 8]"),
     (lambda: ops.glu_quant(f32(2, 8), f32(2, 8), activation="relu"), "activation", "silu"),
+    (lambda: ops.glu_quant_pair(f32(2, 3, 8), activation="silu"), "gate_up", "[..., 2, F]"),
+    (lambda: ops.glu_quant2_pair(i8(2, 2, 8), activation="silu"), "gate_up", "float32"),
     (lambda: ops.candidate_head(f32(2, 8), f32(10, 7), np.zeros((2, 3), np.int32),
                                 np.ones(2, np.int32)), "embedding", "D = 8"),
     (lambda: ops.candidate_head(f32(2, 8), f32(10, 8), np.zeros((2, 3), np.int64),

@@ -48,6 +48,22 @@ def reference_activation(g, u, activation):
 @pytest.mark.parametrize("m,f", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_pair_reads_the_fused_projection_in_place(device, rng, m, f, dtype, activation):
+    """The model passes the gate/up projection's [T, 2, F] output as it is: both ops on it give
+    the bits of the same ops on gate and up given apart (leading dims kept)."""
+    g, u = gate_up(rng, (m, f), dtype)
+    fused = np.stack([g, u], axis=-2).reshape(1, m, 2, f)
+    for pair, apart in ((ops.glu_quant_pair, ops.glu_quant), (ops.glu_quant2_pair, ops.glu_quant2)):
+        got = run_on(device, pair, fused, activation=activation)
+        want = run_on(device, apart, g, u, activation=activation)
+        for x, y, name in zip(got, want, ("q1", "s1", "q2", "s2"), strict=False):
+            assert x.shape[0] == 1 and x.shape[1:] == y.shape, f"{name}: {x.shape} vs {y.shape}"
+            assert_bitwise_equal(x[0], y, f"{pair.__name__} {name}")
+
+
+@pytest.mark.parametrize("m,f", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_first_digit_is_glu_quant(device, rng, m, f, dtype, activation):
     g, u = gate_up(rng, (m, f), dtype)
     q1, s1, _, _ = run_on(device, ops.glu_quant2, g, u, activation=activation)
