@@ -24,12 +24,15 @@ from jax.profiler import ProfileData
 GROUPS = (
     ("tree_attention", re.compile(r"AttendKernel|WriteKernel")),
     ("int8_gemm", re.compile(r"cutlass|Int8GemmKernel|DecodeKernel|int8_gemm", re.I)),
-    ("rmsnorm_quant", re.compile(r"Norm(Warp)?RowsKernel")),
-    ("glu_quant", re.compile(r"GluRowsKernel")),
+    ("rmsnorm_quant", re.compile(r"Norm(Warp|Reg)?RowsKernel")),
+    ("glu_quant", re.compile(r"Glu2?RowsKernel")),
     ("candidate_head", re.compile(r"Candidate|Vocab(Tile|Merge)Kernel")),
     ("xla_dot", re.compile(r"gemm|nvjet|xmma|cublas|sm\d+_.*_(tn|nt|nn|tt)", re.I)),
     ("copies", re.compile(r"memcpy|memset|copy", re.I)),
-    ("xla_fusions", re.compile(r"fusion|loop_|input_|reduce|concatenate|slice|broadcast", re.I)),
+    (
+        "xla_fusions",
+        re.compile(r"fusion|loop_|input_|wrapped_|reduce|concatenate|slice|broadcast", re.I),
+    ),
 )
 
 
