@@ -131,5 +131,7 @@ class Runner:
         if len(arrays["lse_of"]):
             r2 = arrays["lse_rows"].shape[0]
             lse_hidden = self.executable(("gather", t, r2))(hidden, arrays["lse_rows"])
-            lse = np.asarray(self.executable(("lse", r2))(self._embedding, lse_hidden))
-        return np.asarray(logits), np.asarray(logprobs), lse
+            lse = self.executable(("lse", r2))(self._embedding, lse_hidden)
+        # One transfer for all results: each np.asarray would wait for the device on its own.
+        logits, logprobs, lse = jax.device_get((logits, logprobs, lse))
+        return np.asarray(logits), np.asarray(logprobs), np.asarray(lse)
