@@ -3,14 +3,15 @@
 //   prism_rmsnorm            x [M, D], gamma [D]            -> y [M, D] (x's dtype)
 //   prism_rmsnorm_quant      x [M, D], gamma [D]            -> x_q s8 [M, D], s_x f32 [M]
 //   prism_add_rmsnorm_quant  x, residual [M, D], gamma [D]  -> x_q, s_x, h = x + residual
-// Rows of D <= kMaxRegChunks * kStride (5376 included) take NormRegRowsKernel: one warp per row,
-// the row in registers, one read and one write of every element. Longer rows (or
+// Rows of D <= kMaxRegChunks * kStride (5376 included) are held in registers: one warp per row
+// (NormRegRowsKernel, norm_reg_rows.cuh) or W warps per row (NormSplitRowsKernel,
+// norm_split_rows.cuh), W chosen by M and D (SplitWarps). Longer rows (or
 // PRISM_RMSNORM_KERNEL=block) take NormRowsKernel, one block per row (width: RowBlockThreads):
 // the block stages the row's h in shared memory (f32, D <= kMaxStagedD); warp 0 then takes the
 // sum of squares in the canonical order (the only order-sensitive step) from shared memory; the
 // whole block normalises, takes the (exact) amax and quantises, recomputing y rather than
 // keeping it. Longer rows skip the staging: warp 0 streams the row from global memory and later
-// passes read h back. Both compute the same bits.
+// passes read h back. All of them compute the same bits.
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -19,6 +20,9 @@
 #include "cc/common.h"
 #include "cc/cuda_common.cuh"
 #include "cc/numerics.h"
+#include "cc/ops/norm_args.cuh"
+#include "cc/ops/norm_reg_rows.cuh"
+#include "cc/ops/norm_split_rows.cuh"
 
 namespace prism {
 namespace {
@@ -28,31 +32,6 @@ constexpr int kStreamThreads = 256;  // unstaged rows: fewer, fatter threads lea
                                      // the unrolled sum of warp 0
 // Longest row staged in (dynamic) shared memory: f32, within the 48 KiB needing no opt-in.
 constexpr int64_t kMaxStagedD = 12032;  // a multiple of kVec
-
-// One launch's pointers; null pointers switch parts off, as in the CPU's NormRows. h may alias
-// x or residual, and y may alias x (in-place updates): each element is read, then written, by
-// one thread, and later passes read only shared memory or h, so no __restrict__ here.
-template <typename T>
-struct NormArgs {
-  const T* x;
-  const T* residual;
-  const float* gamma;
-  T* h;
-  T* y;
-  int8_t* q;
-  float* s;
-  int64_t d;
-  float eps;
-  float weight_offset;
-};
-
-// The value the CPU normalises when there is a residual: x + residual rounded to T.
-template <typename T>
-__device__ __forceinline__ float RoundToStorage(float v) {
-  T stored;
-  FromF32(v, &stored);
-  return ToF32(stored);
-}
 
 // The value the row normalises, for elements i0 .. i0 + cnt - 1 of the whole [M, D] array: x,
 // or x + residual rounded to T, which is also written to h.
@@ -177,245 +156,45 @@ __global__ void __launch_bounds__(kStaged ? kMaxThreads : kStreamThreads)
   }
 }
 
-// The fast path, rows of D <= kMaxRegChunks * kStride (Gemma-3 27B's 5376 included): one warp
-// per row, the whole row in registers. Lane l holds its canonical chunks d0 = l * kVec + c *
-// kStride, c < kChunks, so the sum of squares is each lane's chunks in increasing d and then the
-// butterfly: exactly WarpCanonicalSum, hence the CPU's bits and NormRowsKernel's. Every input
-// element is read once and every output written once, with no shared memory and no barrier
-// (the old kernel's dependent passes over global or shared memory, each behind __syncthreads,
-// left a 5376-long row latency-bound at ~17 us). Phases keep loads and stores apart, so the
-// compiler can issue all of a phase's loads at once (h may alias x, so a store would pin every
-// later load behind it): x (and residual) -> h; store h; sum; y and amax (gamma loads); store.
-constexpr int kMaxRegChunks = 21;  // 168 f32 of y per lane (255 registers; kFull spills a few)
-constexpr int kRegWarps = 4;       // rows per block when the grid has rows to spare
-
-// Full, 16-byte-aligned chunks (kFull rows): unconditional vector accesses. No branch or
-// select waits on a load, so all of a phase's loads are in flight together (a guarded load
-// whose result is merged at a join stalls there: one round trip per chunk).
-__device__ __forceinline__ void LoadVec(const float* p, float (&v)[kVec]) {
-  const float4 a = reinterpret_cast<const float4*>(p)[0];
-  const float4 b = reinterpret_cast<const float4*>(p)[1];
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-  v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+// PRISM_RMSNORM_KERNEL (tests and benchmarks compare the kernels bitwise): unset or empty
+// chooses by shape; "block" forces the one-block-per-row kernel for D > kStride (shorter rows
+// always take a register kernel); "reg1", "reg2", "reg4", "reg8" force the register kernels
+// with that many warps per row for D <= kMaxRegChunks * kStride. Returns 0 for "by shape", -1
+// for "block", the warps otherwise; an unknown value is an error, so a typo cannot silently
+// test the default kernel.
+ffi::Error ForcedKernel(int* forced) {
+  const char* env = std::getenv("PRISM_RMSNORM_KERNEL");
+  const std::string name = env != nullptr ? env : "";
+  static constexpr struct {
+    const char* name;
+    int forced;
+  } kChoices[] = {{"", 0}, {"block", -1}, {"reg1", 1}, {"reg2", 2}, {"reg4", 4}, {"reg8", 8}};
+  for (const auto& choice : kChoices) {
+    if (name == choice.name) {
+      *forced = choice.forced;
+      return ffi::Error::Success();
+    }
+  }
+  return ffi::Error::InvalidArgument(
+      "PRISM_RMSNORM_KERNEL must be unset, block, reg1, reg2, reg4 or reg8; got " + name);
 }
 
-__device__ __forceinline__ void StoreVec(float* p, const float (&v)[kVec]) {
-  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
-  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
-}
-
-__device__ __forceinline__ void StoreVec(uint16_t* p, const float (&v)[kVec]) {
-  uint32_t w[kVec / 2];
-#pragma unroll
-  for (int i = 0; i < kVec / 2; ++i) {  // FromF32's rounding; element 2i in the low half
-    w[i] = static_cast<uint32_t>(F32ToBf16(v[2 * i])) |
-           (static_cast<uint32_t>(F32ToBf16(v[2 * i + 1])) << 16);
-  }
-  *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-// One chunk of h in registers in T's storage format (bf16: two per register, so a row's h takes
-// half the registers until y replaces it). Elements past the row's end hold +0.
-template <typename T>
-struct RegChunk;
-
-template <>
-struct RegChunk<float> {
-  float v[kVec];
-  __device__ __forceinline__ void Load(const float* p, int cnt) { LoadChunk(p, cnt, v); }
-  __device__ __forceinline__ void LoadFull(const float* p) { LoadVec(p, v); }
-  __device__ __forceinline__ float Get(int i) const { return v[i]; }
-  __device__ __forceinline__ void SetRounded(int i, float f) { v[i] = f; }  // f32: exact
-};
-
-template <>
-struct RegChunk<uint16_t> {
-  uint32_t w[kVec / 2];  // little-endian pairs: element 2i is the low half, as in LoadChunk
-  __device__ __forceinline__ void Load(const uint16_t* p, int cnt) {
-    if (cnt == kVec && Aligned16(p)) {
-      const uint4 u = *reinterpret_cast<const uint4*>(p);
-      w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
-      return;
-    }
-#pragma unroll
-    for (int i = 0; i < kVec / 2; ++i) {
-      const uint32_t lo = 2 * i < cnt ? p[2 * i] : 0u, hi = 2 * i + 1 < cnt ? p[2 * i + 1] : 0u;
-      w[i] = lo | (hi << 16);
-    }
-  }
-  __device__ __forceinline__ void LoadFull(const uint16_t* p) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
-  }
-  __device__ __forceinline__ float Get(int i) const {
-    return Bf16ToF32(static_cast<uint16_t>(w[i / 2] >> (16 * (i % 2))));
-  }
-  // Stores f rounded to bf16 (F32ToBf16, so Get returns RoundToStorage<uint16_t>(f)).
-  __device__ __forceinline__ void SetRounded(int i, float f) {
-    const uint32_t b = F32ToBf16(f), shift = 16 * (i % 2);
-    w[i / 2] = (w[i / 2] & ~(0xffffu << shift)) | (b << shift);
-  }
-};
-
-// kFull: D % kVec == 0 and every pointer 16-byte aligned, so a chunk is whole or absent; an
-// absent chunk loads the row's first chunk instead (valid memory, never used: sums, amax and
-// stores skip it), which keeps the loads unconditional. Otherwise guarded loads (odd rows).
-template <typename T, int kChunks, bool kFull>
-__global__ void __launch_bounds__(kRegWarps * kWarpSize)
-    NormRegRowsKernel(NormArgs<T> a, int64_t m) {
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) +
-                    threadIdx.x / kWarpSize;
-  if (r >= m) return;  // uniform per warp; no block barrier follows
-  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
-  const int64_t first = static_cast<int64_t>(lane) * kVec;  // chunk c starts at first + c*kStride
-  const int64_t off = r * a.d;
-  int cnt[kChunks];     // elements of chunk c present in the row (0 past its end)
-  int64_t at[kChunks];  // where chunk c is read (kFull: 0 for an absent chunk)
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    const int64_t d0 = first + static_cast<int64_t>(c) * kStride;
-    cnt[c] = d0 < a.d ? ChunkCount(d0, a.d) : 0;
-    at[c] = kFull && cnt[c] == 0 ? 0 : d0;
-  }
-  // Loads only until every x and residual chunk is in flight.
-  RegChunk<T> h[kChunks] = {};
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    if constexpr (kFull) {
-      h[c].LoadFull(a.x + off + at[c]);
-    } else if (cnt[c] > 0) {
-      h[c].Load(a.x + off + at[c], cnt[c]);
-    }
-  }
-  if (a.residual != nullptr) {  // h = x + residual rounded to T, as LoadH
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      RegChunk<T> rv = {};
-      if constexpr (kFull) {
-        rv.LoadFull(a.residual + off + at[c]);
-      } else if (cnt[c] > 0) {
-        rv.Load(a.residual + off + at[c], cnt[c]);
-      }
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) h[c].SetRounded(i, __fadd_rn(h[c].Get(i), rv.Get(i)));
-    }
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      float v[kVec];
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) v[i] = h[c].Get(i);
-      if (cnt[c] == 0) continue;
-      if constexpr (kFull) {
-        StoreVec(a.h + off + at[c], v);
-      } else {
-        StoreChunk(a.h + off + at[c], cnt[c], v);
-      }
-    }
-  }
-  float acc = 0.0f;  // the lane's canonical partial: its elements in increasing d
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      if (i < cnt[c]) acc = __fadd_rn(acc, __fmul_rn(h[c].Get(i), h[c].Get(i)));
-    }
-  }
-  const float inv = InverseRms(WarpButterflySum(acc), a.d, a.eps);
-  float y[kChunks][kVec];  // y = (h * inv) * (weight_offset + gamma), as NormChunk
-  float amax = 0.0f;       // exact, so any order; only elements of the row
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    float g[kVec] = {};
-    if constexpr (kFull) {
-      LoadVec(a.gamma + at[c], g);
-    } else if (cnt[c] > 0) {
-      LoadChunk(a.gamma + at[c], cnt[c], g);
-    }
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      y[c][i] = __fmul_rn(__fmul_rn(h[c].Get(i), inv), __fadd_rn(a.weight_offset, g[i]));
-      if (i < cnt[c]) amax = fmaxf(amax, fabsf(y[c][i]));
-    }
-  }
-  if (a.y != nullptr) {
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      if (cnt[c] == 0) continue;
-      if constexpr (kFull) {
-        StoreVec(a.y + off + at[c], y[c]);
-      } else {
-        StoreChunk(a.y + off + at[c], cnt[c], y[c]);
-      }
-    }
-  }
-  if (a.q == nullptr) return;
-#pragma unroll
-  for (int o = kWarpSize / 2; o > 0; o /= 2) {
-    amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, o));
-  }
-  const float qinv = QuantInverse(amax);
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    int8_t codes[kVec];
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) codes[i] = QuantCode(y[c][i], qinv);
-    if (cnt[c] > 0) StoreCodes(a.q + off + at[c], cnt[c], codes);
-  }
-  if (lane == 0) a.s[r] = QuantScale(amax);
-}
-
-// Whether every chunk of every row is whole and 16-byte aligned (int8 codes: 8-byte).
-template <typename T>
-bool FullChunks(const NormArgs<T>& a) {
-  auto ok = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
-  return a.d % kVec == 0 && ok(a.x) && ok(a.residual) && ok(a.gamma) && ok(a.h) && ok(a.y) &&
-         ok(a.q);
-}
-
-template <typename T, int kChunks>
-void LaunchRegRows(cudaStream_t stream, int64_t m, const NormArgs<T>& a) {
-  // Up to ~2 rows per SM (132 on an H200) one warp per block, so the rows spread over every SM
-  // (M = 256 in 64 blocks of 4 would leave half of them idle); more rows, kRegWarps per block.
-  constexpr int64_t kFewRows = 512;
-  const int warps = m <= kFewRows ? 1 : kRegWarps;
-  const unsigned grid = static_cast<unsigned>(CeilDiv(m, warps));
-  if (FullChunks(a)) {
-    NormRegRowsKernel<T, kChunks, true><<<grid, warps * kWarpSize, 0, stream>>>(a, m);
-  } else {
-    NormRegRowsKernel<T, kChunks, false><<<grid, warps * kWarpSize, 0, stream>>>(a, m);
-  }
-}
-
-// Register chunks per lane for a row of d (<= kMaxRegChunks * kStride): the smallest
-// instantiated count that holds it. Absent chunks cost registers, never memory traffic.
-template <typename T>
-void LaunchRegRowsFor(cudaStream_t stream, int64_t m, const NormArgs<T>& a) {
-  const int64_t chunks = CeilDiv(a.d, kStride);
-  if (chunks <= 1) return LaunchRegRows<T, 1>(stream, m, a);
-  if (chunks <= 2) return LaunchRegRows<T, 2>(stream, m, a);
-  if (chunks <= 3) return LaunchRegRows<T, 3>(stream, m, a);
-  if (chunks <= 4) return LaunchRegRows<T, 4>(stream, m, a);
-  if (chunks <= 6) return LaunchRegRows<T, 6>(stream, m, a);
-  if (chunks <= 8) return LaunchRegRows<T, 8>(stream, m, a);
-  if (chunks <= 12) return LaunchRegRows<T, 12>(stream, m, a);
-  if (chunks <= 16) return LaunchRegRows<T, 16>(stream, m, a);
-  return LaunchRegRows<T, kMaxRegChunks>(stream, m, a);
-}
-
-// PRISM_RMSNORM_KERNEL=block (tests and benchmarks) forces the one-block-per-row kernel for
-// D > kStride, the only path before the register kernel; shorter rows always take the latter.
-bool BlockKernelForced() {
-  const char* name = std::getenv("PRISM_RMSNORM_KERNEL");
-  return name != nullptr && std::string(name) == "block";
-}
+static_assert(kMaxRegChunks <= 2 * kMaxSplitChunks, "two warps must hold the longest register row");
 
 template <typename T>
 ffi::Error Launch(cudaStream_t stream, int64_t m, const NormArgs<T>& a, const char* op) {
   if (m == 0) return ffi::Error::Success();
   PRISM_REQUIRE(m <= 0x7fffffff, std::string(op) + ": too many rows for one grid");
+  int forced = 0;
+  if (auto e = ForcedKernel(&forced); e.failure()) return e;
   const unsigned grid = static_cast<unsigned>(m);
-  if (a.d <= kStride || (a.d <= kMaxRegChunks * kStride && !BlockKernelForced())) {
-    LaunchRegRowsFor(stream, m, a);
+  if (a.d <= kStride || (a.d <= kMaxRegChunks * kStride && forced != -1)) {
+    const int warps = forced > 0 ? forced : SplitWarps(m, a.d);
+    if (warps == 1) {
+      LaunchRegRowsFor(stream, m, a);
+    } else {  // d <= 21 chunks per lane over >= 2 warps: <= kMaxSplitChunks per warp
+      LaunchSplitRowsFor(stream, m, warps, a);
+    }
   } else if (a.d <= kMaxStagedD) {
     const int threads = RowBlockThreads(m, a.d);
     const size_t smem = static_cast<size_t>(CeilDiv(a.d, kVec) * kVec) * sizeof(float);

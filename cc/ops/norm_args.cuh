@@ -1,0 +1,47 @@
+// What every RMSNorm kernel of norm_quant_cuda.cu takes: one launch's pointers and the value
+// the row normalises when there is a residual. Included only by the norm_* CUDA files.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cc/cuda_common.cuh"
+#include "cc/numerics.h"
+
+namespace prism {
+
+// One launch's pointers; null pointers switch parts off, as in the CPU's NormRows. h may alias
+// x or residual, and y may alias x (in-place updates): each element is read, then written, by
+// one thread, and later passes read only shared memory or h, so no __restrict__ here.
+template <typename T>
+struct NormArgs {
+  const T* x;
+  const T* residual;
+  const float* gamma;
+  T* h;
+  T* y;
+  int8_t* q;
+  float* s;
+  int64_t d;
+  float eps;
+  float weight_offset;
+};
+
+// The value the CPU normalises when there is a residual: x + residual rounded to T.
+template <typename T>
+__device__ __forceinline__ float RoundToStorage(float v) {
+  T stored;
+  FromF32(v, &stored);
+  return ToF32(stored);
+}
+
+// Whether every chunk of every row is whole and 16-byte aligned (int8 codes: 8-byte).
+template <typename T>
+bool FullChunks(const NormArgs<T>& a) {
+  auto ok = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  return a.d % kVec == 0 && ok(a.x) && ok(a.residual) && ok(a.gamma) && ok(a.h) && ok(a.y) &&
+         ok(a.q);
+}
+
+}  // namespace prism

@@ -1,0 +1,225 @@
+// A slice of one row held in registers by one warp: the building block of the register RMSNorm
+// kernels (norm_reg_rows.cuh: one warp per row; norm_split_rows.cuh: several). Lane l holds
+// its canonical chunks d0 = l * kVec + c * kStride for c in [first, end), so the lane's
+// elements, in increasing c then i, are in increasing d: the canonical partial's order.
+// Phases keep loads and stores apart, so the compiler can issue all of a phase's loads at once
+// (h may alias x, so a store would pin every later load behind it).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cc/cuda_common.cuh"
+#include "cc/numerics.h"
+#include "cc/ops/norm_args.cuh"
+
+namespace prism {
+
+// Full, 16-byte-aligned chunks (kFull rows): unconditional vector accesses. No branch or
+// select waits on a load, so all of a phase's loads are in flight together (a guarded load
+// whose result is merged at a join stalls there: one round trip per chunk).
+__device__ __forceinline__ void LoadVec(const float* p, float (&v)[kVec]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0];
+  const float4 b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+  v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+__device__ __forceinline__ void StoreVec(float* p, const float (&v)[kVec]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+
+__device__ __forceinline__ void StoreVec(uint16_t* p, const float (&v)[kVec]) {
+  uint32_t w[kVec / 2];
+#pragma unroll
+  for (int i = 0; i < kVec / 2; ++i) {  // FromF32's rounding; element 2i in the low half
+    w[i] = static_cast<uint32_t>(F32ToBf16(v[2 * i])) |
+           (static_cast<uint32_t>(F32ToBf16(v[2 * i + 1])) << 16);
+  }
+  *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// One chunk of h in registers in T's storage format (bf16: two per register, so a row's h takes
+// half the registers until y replaces it). Elements past the row's end hold +0.
+template <typename T>
+struct RegChunk;
+
+template <>
+struct RegChunk<float> {
+  float v[kVec];
+  __device__ __forceinline__ void Load(const float* p, int cnt) { LoadChunk(p, cnt, v); }
+  __device__ __forceinline__ void LoadFull(const float* p) { LoadVec(p, v); }
+  __device__ __forceinline__ float Get(int i) const { return v[i]; }
+  __device__ __forceinline__ void SetRounded(int i, float f) { v[i] = f; }  // f32: exact
+};
+
+template <>
+struct RegChunk<uint16_t> {
+  uint32_t w[kVec / 2];  // little-endian pairs: element 2i is the low half, as in LoadChunk
+  __device__ __forceinline__ void Load(const uint16_t* p, int cnt) {
+    if (cnt == kVec && Aligned16(p)) return LoadFull(p);
+#pragma unroll
+    for (int i = 0; i < kVec / 2; ++i) {
+      const uint32_t lo = 2 * i < cnt ? p[2 * i] : 0u, hi = 2 * i + 1 < cnt ? p[2 * i + 1] : 0u;
+      w[i] = lo | (hi << 16);
+    }
+  }
+  __device__ __forceinline__ void LoadFull(const uint16_t* p) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+  }
+  __device__ __forceinline__ float Get(int i) const {
+    return Bf16ToF32(static_cast<uint16_t>(w[i / 2] >> (16 * (i % 2))));
+  }
+  // Stores f rounded to bf16 (F32ToBf16, so Get returns RoundToStorage<uint16_t>(f)).
+  __device__ __forceinline__ void SetRounded(int i, float f) {
+    const uint32_t b = F32ToBf16(f), shift = 16 * (i % 2);
+    w[i / 2] = (w[i / 2] & ~(0xffffu << shift)) | (b << shift);
+  }
+};
+
+// Writes v[0, cnt) at p: one vector store for kFull rows, else FromF32 element by element.
+template <bool kFull, typename T>
+__device__ __forceinline__ void StoreSliceChunk(T* p, int cnt, const float (&v)[kVec]) {
+  if constexpr (kFull) {
+    StoreVec(p, v);
+  } else {
+    StoreChunk(p, cnt, v);
+  }
+}
+
+// kFull: D % kVec == 0 and every pointer 16-byte aligned, so a chunk is whole or absent; an
+// absent chunk loads the row's first chunk instead (valid memory, never used: sums, amax and
+// stores skip it), which keeps the loads unconditional. Otherwise guarded loads (odd rows).
+template <typename T, int kChunks, bool kFull>
+struct RegSlice {
+  int cnt[kChunks];        // elements of slice chunk j present in the row (0 when absent)
+  int64_t at[kChunks];     // where in the row chunk j is read (kFull: 0 when absent)
+  RegChunk<T> h[kChunks];  // the row's h
+
+  // Slice chunk j is the lane's canonical chunk first + j, present when first + j < end and
+  // it starts inside the row.
+  __device__ __forceinline__ void Locate(int64_t d, int lane, int first, int end) {
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int64_t d0 =
+          static_cast<int64_t>(lane) * kVec + static_cast<int64_t>(first + j) * kStride;
+      cnt[j] = first + j < end && d0 < d ? ChunkCount(d0, d) : 0;
+      at[j] = kFull && cnt[j] == 0 ? 0 : d0;
+    }
+  }
+
+  // h = x, or x + residual rounded to T (as LoadH), which is also written to a.h; and
+  // w = weight_offset + gamma. The row starts at element off of the [M, D] arrays. Every load
+  // is issued before the first store: gamma may alias h as far as the compiler knows, so a
+  // gamma load after the h stores would wait for x and residual, a round trip of its own.
+  __device__ __forceinline__ void LoadRow(const NormArgs<T>& a, int64_t off,
+                                          float (&w)[kChunks][kVec]) {
+    Load(a.x + off, h);
+    RegChunk<T> rv[kChunks];
+    if (a.residual != nullptr) Load(a.residual + off, rv);
+    LoadWeights(a, w);
+    if (a.residual == nullptr) return;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) h[j].SetRounded(i, __fadd_rn(h[j].Get(i), rv[j].Get(i)));
+    }
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      float v[kVec];
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) v[i] = h[j].Get(i);
+      if (cnt[j] > 0) StoreSliceChunk<kFull>(a.h + off + at[j], cnt[j], v);
+    }
+  }
+
+  // acc plus the squares of the slice's elements, one at a time in increasing d: the
+  // canonical partial continued over this slice (separate multiply and add, as the CPU).
+  __device__ __forceinline__ float AddSquares(float acc) const {
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      if (kFull && cnt[j] == 0) continue;  // kFull: whole or absent, one test per chunk
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        if (kFull || i < cnt[j]) acc = __fadd_rn(acc, __fmul_rn(h[j].Get(i), h[j].Get(i)));
+      }
+    }
+    return acc;
+  }
+
+  // y = (h * inv) * weight, as NormChunk; returns the slice's amax (only elements of the row).
+  __device__ __forceinline__ float Normalize(float inv, const float (&w)[kChunks][kVec],
+                                             float (&y)[kChunks][kVec]) const {
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        y[j][i] = __fmul_rn(__fmul_rn(h[j].Get(i), inv), w[j][i]);
+        if (i < cnt[j]) amax = fmaxf(amax, fabsf(y[j][i]));
+      }
+    }
+    return amax;
+  }
+
+  __device__ __forceinline__ void StoreY(T* y_row, const float (&y)[kChunks][kVec]) const {
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      if (cnt[j] > 0) StoreSliceChunk<kFull>(y_row + at[j], cnt[j], y[j]);
+    }
+  }
+
+  __device__ __forceinline__ void StoreCodes(int8_t* q_row, const float (&y)[kChunks][kVec],
+                                             float qinv) const {
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      int8_t codes[kVec];
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) codes[i] = QuantCode(y[j][i], qinv);
+      if (cnt[j] > 0) prism::StoreCodes(q_row + at[j], cnt[j], codes);
+    }
+  }
+
+ private:
+  // w = weight_offset + gamma for the slice's elements (NormChunk's second factor).
+  __device__ __forceinline__ void LoadWeights(const NormArgs<T>& a,
+                                              float (&w)[kChunks][kVec]) const {
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      float g[kVec] = {};
+      if constexpr (kFull) {
+        LoadVec(a.gamma + at[j], g);
+      } else if (cnt[j] > 0) {
+        LoadChunk(a.gamma + at[j], cnt[j], g);
+      }
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) w[j][i] = __fadd_rn(a.weight_offset, g[i]);
+    }
+  }
+
+  // Every present chunk of src's row into dst; absent ones +0 (kFull: the row's first chunk).
+  __device__ __forceinline__ void Load(const T* src, RegChunk<T> (&dst)[kChunks]) const {
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      if constexpr (kFull) {
+        dst[j].LoadFull(src + at[j]);
+      } else if (cnt[j] > 0) {
+        dst[j].Load(src + at[j], cnt[j]);
+      } else {
+        dst[j] = RegChunk<T>{};
+      }
+    }
+  }
+};
+
+// Max over the warp (amax: exact, so any order).
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int o = kWarpSize / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+
+}  // namespace prism

@@ -1,0 +1,120 @@
+// NormSplitRowsKernel: one block per row, W warps per row (W in 2, 4, 8), the row in registers.
+// Warp w holds chunks [c_w, c_{w+1}) of every lane (c_w = w * C / W of the row's C canonical
+// chunks per lane), so a lane holds ~C/W chunks instead of C: fewer registers, all of x's,
+// residual's and gamma's loads in flight together, and W times more warps in the grid than
+// NormRegRowsKernel (norm_reg_rows.cuh), which held 168 values per lane at D = 5376 and ran at
+// 0.7-1 TB/s on an H200 for M = 256.
+//
+// Same bits as the one-warp kernel: the canonical partial of lane l is the sequential sum of
+// its squares in increasing d, so warp 0 starts it over its chunks and hands it (shared memory)
+// to warp 1, which continues adding its own chunks' squares in order, and so on; the last warp
+// takes the butterfly and shares inv. Only those adds are serial; loads, gamma and the squares'
+// inputs are all in registers before the chain starts. amax is exact in any order, so warps
+// combine theirs freely. Everything else is elementwise with RegSlice's (the same) operations.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cc/cuda_common.cuh"
+#include "cc/numerics.h"
+#include "cc/ops/norm_args.cuh"
+#include "cc/ops/norm_reg_slice.cuh"
+
+namespace prism {
+
+constexpr int kMaxSplit = 8;         // warps per row (block)
+constexpr int kMaxSplitChunks = 11;  // chunks per lane per warp: 21 chunks (D = 5376) over 2
+
+// The row's inverse RMS from the warps' slices: the canonical partials chained warp by warp in
+// increasing d (one barrier per warp; the last also publishes inv). All threads must call it.
+template <typename T, int kChunks, bool kFull>
+__device__ __forceinline__ float ChainedInverseRms(const RegSlice<T, kChunks, kFull>& s,
+                                                   const NormArgs<T>& a, int warp, int warps,
+                                                   int lane) {
+  __shared__ float carry[kWarpSize];  // lane l's partial over the chunks of warps < turn
+  __shared__ float inv;
+  for (int turn = 0; turn < warps; ++turn) {
+    if (warp == turn) {  // reads and writes carry[lane] from the same thread: no race
+      const float acc = s.AddSquares(turn == 0 ? 0.0f : carry[lane]);
+      if (turn + 1 < warps) {
+        carry[lane] = acc;
+      } else {
+        const float ss = WarpButterflySum(acc);
+        if (lane == 0) inv = InverseRms(ss, a.d, a.eps);
+      }
+    }
+    __syncthreads();  // hands carry to warp turn + 1 (the last: publishes inv)
+  }
+  return inv;
+}
+
+// Max over the block of each warp's amax (exact). All threads must call it.
+__device__ __forceinline__ float SplitRowMax(float amax, int warp, int warps) {
+  __shared__ float warp_max[kMaxSplit];
+  amax = WarpMax(amax);
+  if (threadIdx.x % kWarpSize == 0) warp_max[warp] = amax;
+  __syncthreads();
+  for (int v = 0; v < warps; ++v) amax = fmaxf(amax, warp_max[v]);
+  return amax;
+}
+
+// One block per row (blockIdx.x), blockDim.x / kWarpSize warps. kChunks >= each warp's share.
+template <typename T, int kChunks, bool kFull>
+__global__ void __launch_bounds__(kMaxSplit * kWarpSize) NormSplitRowsKernel(NormArgs<T> a) {
+  const int warps = static_cast<int>(blockDim.x / kWarpSize);
+  const int warp = static_cast<int>(threadIdx.x / kWarpSize);
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  const int64_t off = static_cast<int64_t>(blockIdx.x) * a.d;
+  const int chunks = static_cast<int>((a.d + kStride - 1) / kStride);  // per lane, whole row
+  RegSlice<T, kChunks, kFull> s;
+  s.Locate(a.d, lane, warp * chunks / warps, (warp + 1) * chunks / warps);
+  float w[kChunks][kVec];  // gamma's, loaded with x: not a round trip after the reduction
+  s.LoadRow(a, off, w);
+  const float inv = ChainedInverseRms(s, a, warp, warps, lane);
+  float y[kChunks][kVec];
+  const float amax = s.Normalize(inv, w, y);
+  if (a.y != nullptr) s.StoreY(a.y + off, y);
+  if (a.q == nullptr) return;  // uniform over the block: every warp skips the barrier below
+  const float row_max = SplitRowMax(amax, warp, warps);
+  s.StoreCodes(a.q + off, y, QuantInverse(row_max));
+  if (threadIdx.x == 0) a.s[blockIdx.x] = QuantScale(row_max);
+}
+
+// Warps per row when the launch does not force them: 1 (NormRegRowsKernel) for rows of <= 3
+// chunks per lane (D <= 768: 24 values, no register pressure, no barrier worth adding);
+// otherwise the fewest warps giving each lane <= 6 chunks (48 f32 of h and 48 of gamma fit with
+// room to spare), or <= 3 when there is at most about one row per SM (132 on an H200): then
+// the row's latency is the kernel's, and more warps share its loads and stores.
+inline int SplitWarps(int64_t m, int64_t d) {
+  constexpr int64_t kFewRows = 132;
+  const int64_t chunks = CeilDiv(d, kStride);
+  if (chunks <= 3) return 1;
+  const int64_t target = m <= kFewRows ? 3 : 6;
+  int warps = 2;
+  while (warps < kMaxSplit && CeilDiv(chunks, warps) > target) warps *= 2;
+  return warps;
+}
+
+template <typename T, int kChunks>
+void LaunchSplitRows(cudaStream_t stream, int64_t m, int warps, const NormArgs<T>& a) {
+  const unsigned grid = static_cast<unsigned>(m);
+  if (FullChunks(a)) {
+    NormSplitRowsKernel<T, kChunks, true><<<grid, warps * kWarpSize, 0, stream>>>(a);
+  } else {
+    NormSplitRowsKernel<T, kChunks, false><<<grid, warps * kWarpSize, 0, stream>>>(a);
+  }
+}
+
+// The smallest instantiated chunk count holding each warp's share of a row of d; the caller
+// guarantees CeilDiv(CeilDiv(d, kStride), warps) <= kMaxSplitChunks.
+template <typename T>
+void LaunchSplitRowsFor(cudaStream_t stream, int64_t m, int warps, const NormArgs<T>& a) {
+  const int64_t per_warp = CeilDiv(CeilDiv(a.d, kStride), warps);
+  if (per_warp <= 3) return LaunchSplitRows<T, 3>(stream, m, warps, a);
+  if (per_warp <= 6) return LaunchSplitRows<T, 6>(stream, m, warps, a);
+  return LaunchSplitRows<T, kMaxSplitChunks>(stream, m, warps, a);
+}
+
+}  // namespace prism
