@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from prism_jax import ops
+from prism_jax.ops.canonical import canonical_sum
 from tests.conftest import assert_bitwise_equal, run_on
 from tests.ops.invariance import check_row_invariance
 
@@ -150,8 +151,9 @@ def norm_family(x, res, gamma):
 @pytest.mark.parametrize("m", LONG_M)
 @pytest.mark.parametrize("d", LONG_D)
 def test_register_kernel_matches_block_kernel_and_cpu_bitwise(gpu, rng, monkeypatch, dtype, m, d):
-    """Rows of 256 < D <= 5376 run the one-warp-per-row register kernel; forcing the old
-    one-block-per-row kernel (PRISM_RMSNORM_KERNEL=block) and the CPU must give the same bits."""
+    """Rows of 256 < D <= 5376 run a register kernel (warps per row by M and D); forcing the
+    old one-block-per-row kernel (PRISM_RMSNORM_KERNEL=block) and the CPU must give the same
+    bits."""
     x, res = hard_rows(rng, m, d, dtype), hard_rows(rng, m, d, dtype)
     gamma = rng.normal(0, 0.5, d).astype(np.float32)
     cpu = jax.devices("cpu")[0]
@@ -170,7 +172,7 @@ def test_register_kernel_matches_block_kernel_and_cpu_bitwise(gpu, rng, monkeypa
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", [5376, 4101])
 def test_register_kernel_many_rows_llama_style(gpu, rng, dtype, d):
-    """Many rows (4 rows per block), Llama's eps and offset 0, CUDA vs CPU bitwise."""
+    """Many rows, Llama's eps and offset 0, CUDA vs CPU bitwise."""
     m = 1000
     x, res = hard_rows(rng, m, d, dtype), hard_rows(rng, m, d, dtype)
     gamma = rng.normal(0, 0.5, d).astype(np.float32)
@@ -180,3 +182,80 @@ def test_register_kernel_many_rows_llama_style(gpu, rng, dtype, d):
         ref = run_on(cpu, fn, *args, eps=1e-5, weight_offset=0.0)
         for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ref), strict=True):
             assert_bitwise_equal(a, b, f"{name}: CUDA vs CPU")
+
+
+# Register kernels by warps per row (reg1: NormRegRowsKernel; reg2/4/8: NormSplitRowsKernel,
+# the lanes' partials chained warp to warp), the block kernel and the launcher's own choice.
+KERNELS = ("", "reg1", "reg2", "reg4", "reg8", "block")
+SPLIT_D = [128, 1000, 1152, 4101, 5376, 777]  # 1000: whole chunks, partial stride; 777, 4101: odd
+SPLIT_M = [1, 3, 64, 256, 600]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", SPLIT_M)
+@pytest.mark.parametrize("d", SPLIT_D)
+def test_split_register_kernels_match_one_warp_block_and_cpu_bitwise(
+    gpu, rng, monkeypatch, dtype, m, d
+):
+    """Every register kernel (1, 2, 4, 8 warps per row), the block kernel and the CPU give the
+    same bits for all three ops (with and without a residual)."""
+    x, res = hard_rows(rng, m, d, dtype), hard_rows(rng, m, d, dtype)
+    gamma = rng.normal(0, 0.5, d).astype(np.float32)
+    style = STYLES[(m + d) % 2]  # both Gemma's offset 1 and Llama's offset 0 across the grid
+    cpu = jax.devices("cpu")[0]
+    for name, fn, args in norm_family(x, res, gamma):
+        want = jax.tree.leaves(run_on(cpu, fn, *args, **style))
+        for kernel in KERNELS:
+            monkeypatch.setenv("PRISM_RMSNORM_KERNEL", kernel)
+            got = jax.tree.leaves(run_on(gpu, fn, *args, **style))
+            for i, (a, b) in enumerate(zip(got, want, strict=True)):
+                assert_bitwise_equal(a, b, f"{name} output {i}: kernel {kernel!r} vs CPU")
+        monkeypatch.delenv("PRISM_RMSNORM_KERNEL")
+
+
+def test_unknown_kernel_name_is_an_error(gpu, rng, monkeypatch):
+    """A misspelt PRISM_RMSNORM_KERNEL must fail, not silently test the default kernel."""
+    x = activations(rng, (4, 5376), jnp.float32)
+    gamma = rng.normal(0, 0.5, 5376).astype(np.float32)
+    monkeypatch.setenv("PRISM_RMSNORM_KERNEL", "reg3")
+    with pytest.raises(Exception, match="PRISM_RMSNORM_KERNEL"):
+        run_on(gpu, ops.rmsnorm, x, gamma, eps=1e-6)
+
+
+def lane_partials(sq: np.ndarray, chunks: range, start: np.ndarray | None = None) -> np.ndarray:
+    """Each lane's sequential float32 sum over its canonical chunks `chunks` of sq [M, D],
+    starting from `start` [M, 32] (zeros by default) -> [M, 32]."""
+    m, d = sq.shape
+    acc = np.zeros((m, 32), np.float32) if start is None else start.copy()
+    for c in chunks:
+        for i in range(8):
+            idx = np.arange(32) * 8 + c * 256 + i
+            present = idx < d
+            acc[:, present] = acc[:, present] + sq[:, idx[present]]
+    return acc
+
+
+def butterfly(acc: np.ndarray) -> np.ndarray:
+    off = 16
+    while off:
+        acc = acc[:, :off] + acc[:, off : 2 * off]
+        off //= 2
+    return acc[:, 0]
+
+
+def test_split_sum_order_is_observable(rng):
+    """Why the split kernel chains partials: at D = 5376, summing each warp's chunks on its own
+    and adding the warps' partials changes the bits of some rows' sums, which the bitwise tests
+    above would catch; the chained order reproduces the canonical sum."""
+    m, d, warps = 64, 5376, 4
+    x = hard_rows(rng, m, d, jnp.float32)
+    sq = x * x
+    chunks = -(-d // 256)
+    bounds = [w * chunks // warps for w in range(warps + 1)]
+    canonical = np.asarray(canonical_sum(jnp.asarray(sq)))
+    chained = None
+    for w in range(warps):
+        chained = lane_partials(sq, range(bounds[w], bounds[w + 1]), chained)
+    assert_bitwise_equal(butterfly(chained), canonical, "chained partials vs canonical_sum")
+    apart = sum(lane_partials(sq, range(bounds[w], bounds[w + 1])) for w in range(warps))
+    assert (butterfly(apart) != canonical).any(), "split sums should differ somewhere"
