@@ -242,6 +242,7 @@ ffi::Error TreeAttentionCpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuff
                             ffi::BufferR1<ffi::S32> chain_of, ffi::BufferR3<ffi::S32> segs,
                             ffi::BufferR1<ffi::S32> pages_flat, ffi::Result<ffi::AnyBuffer> out,
                             ffi::Result<ffi::AnyBuffer> k_out, ffi::Result<ffi::AnyBuffer> v_out,
+                            ffi::Result<ffi::BufferR1<ffi::F32>> /*workspace: CUDA's only*/,
                             float scale, int32_t window) {
   Dims dm;
   if (auto e = CheckTreeAttentionShapes(q, k_new, v_new, k_pages, v_pages, slot.dimensions()[0],
@@ -295,5 +296,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismTreeAttentionCpu, prism::TreeAttentionCpu,
                                   .Ret<ffi::AnyBuffer>()            // out [T, N, H] q's dtype
                                   .Ret<ffi::AnyBuffer>()            // k_pages (aliased)
                                   .Ret<ffi::AnyBuffer>()            // v_pages (aliased)
+                                  .Ret<ffi::BufferR1<ffi::F32>>()  // workspace (CUDA split)
                                   .Attr<float>("scale")
                                   .Attr<int32_t>("window"));

@@ -1,8 +1,8 @@
 // Tree attention on CUDA; arguments, semantics and numerics are in tree_attention.h:
 //   prism_tree_attention  q [T, N, H], k_new, v_new [T, K, H], k_pages, v_pages [P, L, K, H],
 //                         slot, positions, chain_of s32 [T], chain_segments s32 [C, S, 3],
-//                         pages_flat s32 [Pt]  -> out [T, N, H], k_pages, v_pages
-//                         attrs scale f32, window s32
+//                         pages_flat s32 [Pt]  -> out [T, N, H], k_pages, v_pages,
+//                         workspace f32 [W] (the split kernel's); attrs scale f32, window s32
 // Two kernels on the handler's stream, so every write lands before any read: WriteKernel
 // stores this step's k/v into the pools, then AttendKernel runs one warp per (token, q head).
 // The warp walks the query's tiles in increasing order; lane x resolves tile positions
@@ -13,10 +13,9 @@
 // tree_attention_block.cuh (K/V tiles in shared memory, shared by a block's tokens and GQA
 // heads), tree_attention_split.cuh (the block kernel's tile partials computed in parallel over
 // tiles, merged in order by a second pass) or tree_attention_lanes.cuh (coalesced rows).
-// No host synchronisation. The split kernel takes its scratch from XLA's ScratchAllocator; that
-// memory is released when the handler returns (stream-ordered for a normal launch), which a
-// captured command buffer would replay into freed memory: so the handler is NOT marked
-// command-buffer compatible.
+// No host synchronisation and no allocation (the split kernel's workspace is a result of the
+// call, planned by XLA with the executable's memory), so the handler is command-buffer
+// compatible: XLA may capture it in a CUDA graph.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -197,6 +196,12 @@ Kernel ForcedKernel() {
        : s == "block" ? Kernel::kBlock : s == "split" ? Kernel::kSplit : Kernel::kAuto;
 }
 
+// The split kernel's f32 workspace, a result of the call (tree_attention_split.cuh).
+struct Workspace {
+  float* data;
+  int64_t floats;
+};
+
 constexpr int kBlockPW = 4;  // pairs per warp of the block kernel: 32 (token, head) pairs
 
 template <int kH, typename Q, typename KV>
@@ -223,34 +228,35 @@ ffi::Error LaunchBlock(cudaStream_t stream, const Q* q, const KV* k_pool, const 
 }
 
 // The split kernel's rounds (tree_attention_split.cuh): pass 1 then pass 2 per round, then the
-// fallback for blocks beyond the rounds' coverage. Without scratch memory: the lanes kernel.
+// fallback for blocks beyond the rounds' coverage. A workspace too small for one round: lanes
+// (an error when PRISM_TREE_ATTENTION_KERNEL=split asked for the split kernel).
 template <int kH, typename Q, typename KV>
-ffi::Error LaunchSplit(cudaStream_t stream, ffi::ScratchAllocator* alloc, const Q* q,
-                       const KV* k_pool, const KV* v_pool, const Dims& dm, const Tables& tb,
-                       float scale, int32_t window, Q* out) {
+ffi::Error LaunchSplit(cudaStream_t stream, const Workspace& ws, const Q* q, const KV* k_pool,
+                       const KV* v_pool, const Dims& dm, const Tables& tb, float scale,
+                       int32_t window, Q* out) {
   constexpr size_t kSmem = block::SmemBytes<kH, kBlockPW>();
   auto* kernel = split::PartialKernel<Q, KV, kH, kBlockPW>;
   static const cudaError_t attr = cudaFuncSetAttribute(  // once per instantiation
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   PRISM_REQUIRE(attr == cudaSuccess, "prism_tree_attention: split kernel shared memory refused");
   const int qt = static_cast<int>(block::Shape<kH, kBlockPW>::kPairs / dm.g());
-  const split::Plan plan = split::SplitPlan(dm, window, qt);
+  const split::Plan plan = split::SplitPlan(dm, window, qt, ws.data, ws.floats);
   const unsigned warps = static_cast<unsigned>(CeilDiv(dm.t * dm.n, split::kMergeWarps));
-  const std::optional<void*> mem = alloc->Allocate(plan.part_bytes + plan.state_bytes, 256);
-  if (!mem.has_value() || *mem == nullptr) {
+  if (plan.slots == 0) {
+    PRISM_REQUIRE(ForcedKernel() != Kernel::kSplit,
+                  "prism_tree_attention: PRISM_TREE_ATTENTION_KERNEL=split, but the workspace "
+                  "holds no round (call it through prism_jax.ops.tree_attention)");
     return LaunchLanes<kH>(warps, stream, q, k_pool, v_pool, dm, tb, scale, window, out);
   }
-  float* part = static_cast<float*>(*mem);
-  float* state = part + plan.part_bytes / sizeof(float);
   const dim3 grid(static_cast<unsigned>(CeilDiv(dm.t, qt)), static_cast<unsigned>(dm.k),
                   static_cast<unsigned>(plan.slots));
   const int64_t covered = plan.rounds * plan.slots;
   for (int64_t r = 0; r < plan.rounds; ++r) {
     const split::Round rd{r * plan.slots, plan.slots, covered};
     kernel<<<grid, block::kThreads, kSmem, stream>>>(q, k_pool, v_pool, dm, tb, scale, window,
-                                                     rd, part);
+                                                     rd, plan.part);
     split::MergeKernel<Q, kH><<<warps, split::kMergeWarps * kWarpSize, 0, stream>>>(
-        dm, tb, window, qt, rd, r == 0, r + 1 == plan.rounds, part, state, out);
+        dm, tb, window, qt, rd, r == 0, r + 1 == plan.rounds, plan.part, plan.state, out);
   }
   static_assert(lanes::kWarps == split::kMergeWarps, "fallback and merge use the same grid");
   split::FallbackKernel<Q, KV, kH><<<warps, lanes::kWarps * kWarpSize, 0, stream>>>(
@@ -283,7 +289,7 @@ Kernel ChooseKernel(const Dims& dm) {
 }
 
 template <typename Q, typename KV>
-ffi::Error Launch(cudaStream_t stream, ffi::ScratchAllocator* alloc, const Q* q, const KV* k_new,
+ffi::Error Launch(cudaStream_t stream, const Workspace& ws, const Q* q, const KV* k_new,
                   const KV* v_new, const Dims& dm, const Tables& tb, float scale, int32_t window,
                   Q* out, KV* k_pool, KV* v_pool) {
   const char* op = "prism_tree_attention";
@@ -310,7 +316,7 @@ ffi::Error Launch(cudaStream_t stream, ffi::ScratchAllocator* alloc, const Q* q,
   }
   if (kernel == Kernel::kSplit) {  // tree_attention_split.cuh: same bits, parallel over tiles
     auto split = [&](auto h) {
-      return LaunchSplit<decltype(h)::value>(stream, alloc, q, k_pool, v_pool, dm, tb, scale,
+      return LaunchSplit<decltype(h)::value>(stream, ws, q, k_pool, v_pool, dm, tb, scale,
                                              window, out);
     };
     switch (dm.h) {
@@ -338,14 +344,14 @@ ffi::Error Launch(cudaStream_t stream, ffi::ScratchAllocator* alloc, const Q* q,
   return LaunchStatus(op);
 }
 
-ffi::Error TreeAttentionCuda(cudaStream_t stream, ffi::ScratchAllocator alloc, ffi::AnyBuffer q,
-                             ffi::AnyBuffer k_new,
+ffi::Error TreeAttentionCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k_new,
                              ffi::AnyBuffer v_new, ffi::AnyBuffer k_pages, ffi::AnyBuffer v_pages,
                              ffi::BufferR1<ffi::S32> slot, ffi::BufferR1<ffi::S32> positions,
                              ffi::BufferR1<ffi::S32> chain_of, ffi::BufferR3<ffi::S32> segs,
                              ffi::BufferR1<ffi::S32> pages_flat, ffi::Result<ffi::AnyBuffer> out,
                              ffi::Result<ffi::AnyBuffer> k_out, ffi::Result<ffi::AnyBuffer> v_out,
-                             float scale, int32_t window) {
+                             ffi::Result<ffi::BufferR1<ffi::F32>> workspace, float scale,
+                             int32_t window) {
   Dims dm;
   if (auto e = CheckTreeAttentionShapes(q, k_new, v_new, k_pages, v_pages, slot.dimensions()[0],
                            positions.dimensions()[0], chain_of.dimensions()[0],
@@ -366,7 +372,8 @@ ffi::Error TreeAttentionCuda(cudaStream_t stream, ffi::ScratchAllocator alloc, f
   auto run = [&](auto* qp, auto* kvp) {
     using Q = std::remove_const_t<std::remove_pointer_t<decltype(qp)>>;
     using KV = std::remove_const_t<std::remove_pointer_t<decltype(kvp)>>;
-    return Launch(stream, &alloc, qp, k_new.reinterpret_data<KV>(), v_new.reinterpret_data<KV>(),
+    const Workspace ws{workspace->typed_data(), static_cast<int64_t>(workspace->element_count())};
+    return Launch(stream, ws, qp, k_new.reinterpret_data<KV>(), v_new.reinterpret_data<KV>(),
                   dm, tb, scale, window, out->reinterpret_data<Q>(),
                   k_out->reinterpret_data<KV>(), v_out->reinterpret_data<KV>());
   };
@@ -386,7 +393,6 @@ namespace ffi = xla::ffi;
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismTreeAttentionCuda, prism::TreeAttentionCuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()     // split kernel scratch
                                   .Arg<ffi::AnyBuffer>()            // q [T, N, H]
                                   .Arg<ffi::AnyBuffer>()            // k_new [T, K, H]
                                   .Arg<ffi::AnyBuffer>()            // v_new [T, K, H]
@@ -400,5 +406,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismTreeAttentionCuda, prism::TreeAttentionCuda,
                                   .Ret<ffi::AnyBuffer>()            // out [T, N, H] q's dtype
                                   .Ret<ffi::AnyBuffer>()            // k_pages (aliased)
                                   .Ret<ffi::AnyBuffer>()            // v_pages (aliased)
+                                  .Ret<ffi::BufferR1<ffi::F32>>()  // split kernel workspace
                                   .Attr<float>("scale")
-                                  .Attr<int32_t>("window"));
+                                  .Attr<int32_t>("window"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});

@@ -5,18 +5,18 @@
 //   pass 1 (PartialKernel), grid (ceil(T / Qt), K, R): block (b, kvh, i) is the block kernel's
 //     block b for ONE tile, j = lo_b + base + i (lo_b: the first tile any of b's tokens sees).
 //     It stages that tile per chain and computes every pair's partial with the block kernel's
-//     own code (tree_attention_block_tile.cuh), then writes it to scratch (no merge).
+//     own code (tree_attention_block_tile.cuh), then writes it to the workspace (no merge).
 //   pass 2 (MergeKernel), one warp per (t, n): merges the round's partials in increasing tile
 //     order into the running (m, l, acc) exactly as TileStep (first non-empty tile copied,
-//     then MergeFactors / Merged), keeps it in scratch between rounds, and after the last
+//     then MergeFactors / Merged), keeps it in the workspace between rounds, and after the last
 //     round writes out[t, n] = Normalised(acc, l).
-// Rounds of R tiles bound the scratch; the handler cannot see the tables, so it runs enough
+// Rounds of R tiles bound the workspace; the handler cannot see the tables, so it runs enough
 // rounds to cover `covered` tiles per block (SplitPlan). A block whose tokens' tiles span more
 // is left to FallbackKernel (the lanes kernel's warp, same bits): results never depend on the
 // bound, only the speed does.
 //
-// Scratch (ffi::ScratchAllocator, one allocation): partials [R][T * N][kRecord] f32, then the
-// state [T * N][kRecord] f32 when there is more than one round. A record is acc [H] (dimension
+// Workspace (an f32 result of the call, sized by the Python wrapper): the state
+// [T * N][kRecord], then one round's partials [R][T * N][kRecord]. A record is acc [H] (dimension
 // d at d), then mt (or m), lt (or l), seen (1: the tile had a visible key, 0: skip), padding.
 // Pass 1 writes every (slot, pair) of its block's span (acct only when seen); pass 2 reads only
 // slots inside its block's span, so nothing is cleared. Included by tree_attention_cuda.cu only.
@@ -246,33 +246,33 @@ __global__ void __launch_bounds__(lanes::kWarps * kWarpSize)
 // floor((window + Qt - 2) / 64) + 2 tiles, a tighter bound. Blocks beyond it (tables with larger
 // positions, or windowed blocks mixing distant positions) go to FallbackKernel.
 // At most kMaxRounds rounds: each costs two launches even when all its blocks exit at once, and
-// the round size R (the scratch budget's) already covers ~16K positions at T = 64, N = 32.
+// the round size R (the workspace budget) already covers ~16K positions at T = 64, N = 32.
 // PRISM_TREE_ATTENTION_SPLIT_TILES=<R> forces the round size and lifts that cap, so tests run
 // many rounds over the whole bound.
-constexpr int64_t kScratchBudget = int64_t{256} << 20;  // partials of one round, bytes
-constexpr int64_t kMaxSlots = 65535;                    // gridDim.z
-constexpr int64_t kMaxRounds = 2;                       // beyond: the fallback's
+constexpr int64_t kMaxSlots = 65535;  // gridDim.z
+constexpr int64_t kMaxRounds = 2;     // beyond: the fallback's
 
 struct Plan {
-  int64_t slots, rounds;
-  size_t part_bytes, state_bytes;
+  int64_t slots, rounds;  // slots == 0: the workspace holds no round (no split)
+  float* state;           // [T * N][kRecord] running state, at the workspace's start
+  float* part;            // [slots][T * N][kRecord] one round's partials, after it
 };
 
-inline Plan SplitPlan(const Dims& dm, int32_t window, int qt) {
-  const int64_t rec = (dm.h + kTail) * static_cast<int64_t>(sizeof(float));
-  const int64_t slot_bytes = dm.t * dm.n * rec;
+// The round size is what the workspace holds (the Python wrapper sizes it: the pool's tiles
+// within a budget, prism_jax/ops/tree_attention.py split_workspace_floats), at most the bound.
+inline Plan SplitPlan(const Dims& dm, int32_t window, int qt, float* ws, int64_t ws_floats) {
+  const int64_t record = dm.t * dm.n * (dm.h + kTail);  // floats per slot, and of the state
   int64_t bound = CeilDiv(dm.p * dm.l, kAttnTile);
   if (window > 0) bound = std::min<int64_t>(bound, (window + qt - 2) / kAttnTile + 2);
   bound = std::max<int64_t>(bound, 1);
-  int64_t slots = std::min({bound, kScratchBudget / slot_bytes, kMaxSlots});
+  const int64_t fit = std::min(record > 0 ? ws_floats / record - 1 : 0, kMaxSlots);
+  if (fit < 1) return {0, 0, nullptr, nullptr};
   const char* env = std::getenv("PRISM_TREE_ATTENTION_SPLIT_TILES");
   const int64_t forced = env == nullptr ? 0 : std::atoll(env);
-  if (forced > 0) slots = std::min(forced, kMaxSlots);
-  slots = std::max<int64_t>(slots, 1);
+  const int64_t slots = std::min(forced > 0 ? forced : bound, fit);
   const int64_t needed = CeilDiv(bound, slots);
   const int64_t rounds = forced > 0 ? needed : std::min(needed, kMaxRounds);
-  return {slots, rounds, static_cast<size_t>(slots * slot_bytes),
-          rounds > 1 ? static_cast<size_t>(dm.t * dm.n * rec) : 0};
+  return {slots, rounds, ws, ws + record};
 }
 
 }  // namespace split

@@ -26,6 +26,7 @@ a plain masked softmax (equal within rounding, not bitwise).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import jax
@@ -293,8 +294,33 @@ def tree_attention(
         jax.ShapeDtypeStruct(q.shape, q.dtype),
         jax.ShapeDtypeStruct(k_pages.shape, k_pages.dtype),
         jax.ShapeDtypeStruct(v_pages.shape, v_pages.dtype),
+        jax.ShapeDtypeStruct((split_workspace_floats(q.shape, k_pages.shape),), jnp.float32),
     )
     call = jax.ffi.ffi_call(
         "prism_tree_attention", outs, input_output_aliases={3: 1, 4: 2}, vmap_method="sequential"
     )
-    return tuple(call(*args, scale=np.float32(scale), window=np.int32(window)))
+    return tuple(call(*args, scale=np.float32(scale), window=np.int32(window)))[:3]
+
+
+# The CUDA split kernel (cc/ops/tree_attention_split.cuh) keeps its tile partials in a workspace
+# the step allocates: an XLA result, so XLA plans the memory with the executable's own (reused
+# across layers) and the call stays capturable in a CUDA graph, where scratch memory allocated
+# inside a handler would not be. Mirrors of its constants:
+SPLIT_MAX_TOKENS = 64  # kBlockMinTokens: steps of up to this many tokens take the split kernel
+SPLIT_RECORD_TAIL = 4  # kTail: floats after a record's H accumulators (m, l, seen, padding)
+SPLIT_BUDGET_BYTES = 256 << 20  # kScratchBudget: one round's partials at most
+
+
+def split_workspace_floats(q_shape, pool_shape) -> int:
+    """f32 elements of the split kernel's workspace for a step of q [T, N, H] on pools
+    [P, L, K, H]: the running state per (token, head), then one record per (token, head) and key
+    tile for as many tiles as the pool can hold (within the budget). 1 (unused) for bigger steps,
+    which never take the split kernel unless PRISM_TREE_ATTENTION_KERNEL=split forces it."""
+    t, n, h = q_shape
+    forced = os.environ.get("PRISM_TREE_ATTENTION_KERNEL") == "split"
+    if t == 0 or (t > SPLIT_MAX_TOKENS and not forced):
+        return 1
+    record = t * n * (h + SPLIT_RECORD_TAIL)  # floats per key tile (and of the state)
+    tiles = -(-pool_shape[0] * pool_shape[1] // ATTN_TILE)
+    tiles = max(1, min(tiles, SPLIT_BUDGET_BYTES // (4 * record)))
+    return record * (1 + tiles)

@@ -540,7 +540,8 @@ def test_handler_rejects_bad_shapes_directly():
     a = good_args()
     out = jax.ShapeDtypeStruct(a["q"].shape, jnp.float32)
     pools = jax.ShapeDtypeStruct(a["k_pages"].shape, jnp.float32)
-    call = jax.ffi.ffi_call("prism_tree_attention", (out, pools, pools))
+    workspace = jax.ShapeDtypeStruct((1,), jnp.float32)
+    call = jax.ffi.ffi_call("prism_tree_attention", (out, pools, pools, workspace))
     a["v_new"] = np.zeros((5, 2, 63), np.float32)
     with pytest.raises(Exception, match=r"k_new and v_new must be \[5, 2, 64\]"):
         jax.block_until_ready(call(*a.values(), scale=np.float32(1), window=np.int32(0)))

@@ -7,10 +7,16 @@ that see nothing, and chains past the pool's capacity (the fallback). GPU only.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from prism_jax.ops.tree_attention import (
+    SPLIT_BUDGET_BYTES,
+    SPLIT_RECORD_TAIL,
+    split_workspace_floats,
+)
 from tests.ops.test_tree_attention import (
     L,
     P,
@@ -18,6 +24,7 @@ from tests.ops.test_tree_attention import (
     assert_same_kernels,
     forced_runs,
     forest_tokens,
+    good_args,
     make_world,
     run_step,
     split_chain,
@@ -172,3 +179,30 @@ def test_split_kernel_positions_past_the_pool_bitwise(gpu, rng, monkeypatch, h, 
         gpu, monkeypatch, kernels, lambda: Pool(np.random.default_rng(seed), kh, h, dtype), [step]
     )
     assert_same_kernels(results, kernels, f"past the pool H={h}")
+
+
+def test_workspace_holds_the_pool_within_the_budget(monkeypatch):
+    """The wrapper sizes the split kernel's workspace: state + one record per (token, head) per
+    key tile the pool can hold, capped by the budget; 1 float for steps the kernel never takes."""
+    monkeypatch.delenv("PRISM_TREE_ATTENTION_KERNEL", raising=False)
+    record = 64 * 32 * (128 + SPLIT_RECORD_TAIL)
+    assert split_workspace_floats((64, 32, 128), (320, 16, 16, 128)) == record * (1 + 80)
+    assert split_workspace_floats((65, 32, 128), (320, 16, 16, 128)) == 1
+    big = split_workspace_floats((64, 32, 128), (1 << 20, 16, 16, 128))
+    assert big == record * (1 + SPLIT_BUDGET_BYTES // (4 * record)), big
+    monkeypatch.setenv("PRISM_TREE_ATTENTION_KERNEL", "split")
+    assert split_workspace_floats((65, 2, 64), (8, 16, 2, 64)) == 65 * 2 * 68 * (1 + 2)
+
+
+def test_forced_split_without_workspace_is_an_error(gpu, monkeypatch):
+    """A split kernel that cannot run must say so when it was asked for, never fall back
+    silently (a silent fallback once hid that it never ran)."""
+    monkeypatch.setenv("PRISM_TREE_ATTENTION_KERNEL", "split")
+    a = good_args()
+    out = jax.ShapeDtypeStruct(a["q"].shape, jnp.float32)
+    pools = jax.ShapeDtypeStruct(a["k_pages"].shape, jnp.float32)
+    workspace = jax.ShapeDtypeStruct((1,), jnp.float32)
+    call = jax.ffi.ffi_call("prism_tree_attention", (out, pools, pools, workspace))
+    placed = [jax.device_put(x, gpu) for x in a.values()]
+    with pytest.raises(Exception, match="workspace holds no round"):
+        jax.block_until_ready(call(*placed, scale=np.float32(1), window=np.int32(0)))
