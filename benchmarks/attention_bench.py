@@ -287,6 +287,8 @@ def run_all(cfg, args, emit) -> None:
     e, states = cfg["engine"], cfg["states"]
     cases = [ac.forest_prefill(e, *cfg["forest"]), ac.state_chunk(e, states[0], 0)]
     cases += [ac.state_chunk(e, s, -1) for s in states] + [ac.decode(e, *cfg["decode"])]
+    if args.cases:  # a subset by name prefix (whole-state estimates need both state chunks)
+        cases = [c for c in cases if c.name.startswith(tuple(args.cases.split(",")))]
     for dtype_name in args.dtypes.split(","):
         for window in (0, cfg["window"]):
             done = {}
@@ -294,7 +296,7 @@ def run_all(cfg, args, emit) -> None:
                 if window and case.name.startswith("forest"):
                     continue  # 416 tokens < the window: the same work as the global layer
                 done[case.name] = bench_case(case, cfg, dtype_name, window, args, ctx, emit)
-            first = done.get(cases[1].name)
+            first = done.get(f"state{states[0]}_first_chunk")
             for s in states:
                 last = done.get(f"state{s}_last_chunk")
                 if first and last:
@@ -309,6 +311,7 @@ def main() -> int:
     parser.add_argument("--dtypes", default="f32,bf16", help="KV dtypes, in this order")
     parser.add_argument("--cap-s", type=float, default=3.0, help="timed seconds per measurement")
     parser.add_argument("--budget-s", type=float, default=100.0, help="then skip the rest")
+    parser.add_argument("--cases", default="", help="comma-separated case name prefixes")
     parser.add_argument("--gemm", default="benchmarks/results/gemm_h200/gemm.jsonl")
     args = parser.parse_args()
     cfg = QUICK if args.quick else FULL

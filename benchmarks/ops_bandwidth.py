@@ -89,10 +89,10 @@ def main() -> int:
                 M=m,
                 D=D,
             )
-            run_op(
+            run_op(  # the model's call: the gate/up projection's [M, 2, F] read in place
                 "glu_quant",
-                lambda g, u: ops.glu_quant(g, u, activation="gelu_tanh"),
-                lambda i, m=m: (normal(i, (m, F)), normal(i + 1000, (m, F))),
+                lambda gu: ops.glu_quant_pair(gu, activation="gelu_tanh"),
+                lambda i, m=m: (normal(i, (m, 2, F)),),
                 2 * m * F * 2,
                 m * F + m * 4,
                 emit,
