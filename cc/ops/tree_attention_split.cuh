@@ -51,24 +51,38 @@ struct Round {
   int64_t base, slots, covered;
 };
 
-// Tiles seen by the valid tokens of [t0, t0 + qt) (ListChains's j_lo, j_hi; hi < lo: none).
+// Tiles seen by the valid tokens of [t0, t0 + qt) (ListChains's j_lo, j_hi; hi < lo: none),
+// and how many runs of one chain those tokens form.
 struct Span {
-  int64_t lo, hi;
+  int64_t lo, hi, runs;
 };
 __device__ __forceinline__ Span BlockSpan(const Dims& dm, const Tables& tb, int32_t window,
                                           int64_t t0, int qt) {
-  Span sp{0, -1};
+  Span sp{0, -1, 0};
+  int64_t last_chain = -1;
   for (int i = 0; i < qt && t0 + i < dm.t; ++i) {
     const int64_t pos = tb.positions[t0 + i], chain = tb.chain_of[t0 + i];
     if (pos < 0 || chain < 0 || chain >= dm.c) continue;
     const int64_t a = FirstTile(pos, window), b = LastTile(pos);
     sp.lo = sp.hi < sp.lo ? a : (a < sp.lo ? a : sp.lo);
     sp.hi = b > sp.hi ? b : sp.hi;
+    sp.runs += chain != last_chain;
+    last_chain = chain;
   }
   return sp;
 }
+
+// A block stages each tile once per chain run and then works on that run's pairs only, so a
+// block of one-token chains (decode rows) pays a tile load per pair: measured on the H200 (64
+// sequences x 2K keys) 3.1x slower than the lanes kernel, which such blocks take instead. One
+// chain (a follow-up question on a long state) is where the split pays (53 -> 26 ms per 27B
+// step). Blocks in between were not measured; the threshold keeps small forests on the split.
+constexpr int64_t kMaxSplitRuns = 4;
+
+// Whether the block's queries are the fallback's (lanes warp): too many chains for a shared
+// tile, or tiles beyond what the rounds cover.
 __device__ __forceinline__ bool Overflows(const Span& sp, const Round& rd) {
-  return sp.hi - sp.lo + 1 > rd.covered;
+  return sp.runs > kMaxSplitRuns || sp.hi - sp.lo + 1 > rd.covered;
 }
 
 // kN floats to global memory (vector stores: records and lane slices are 8-byte aligned, and
