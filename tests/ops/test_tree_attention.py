@@ -380,15 +380,21 @@ def test_block_kernel_matches_warp_kernel_bitwise(
 def test_block_kernel_long_state_bitwise(gpu, rng, monkeypatch, h, dtype, window):
     """A ~2.5K-key state prefilled in one step, then a 40-token chunk after it (a prefix-cache
     hit): block kernel == warp kernel bit for bit, pools included."""
-    nh, kh, n, chunk = 4, 2, 2600, 40
+    kernels = ("warp", "block")
+    results = long_state_runs(gpu, rng, monkeypatch, kernels, h, dtype, window, 40, 40 + 9)
+    assert_same_kernels(results, kernels, f"H={h}")
+
+
+def long_state_runs(gpu, rng, monkeypatch, kernels, h, dtype, window, chunk, tail_pad):
+    """Per forced kernel: a ~2.6K-key state (one chain over 3 segments, G = 2) prefilled in one
+    step, then its last `chunk` tokens in a step padded to `tail_pad` (a prefix-cache hit)."""
+    nh, kh, n = 4, 2, 2600
     world = make_world(rng, n, nh, kh, h, dtype)
     seed = int(rng.integers(1 << 31))
-    kernels = ("warp", "block")
-    pages = n // L + 8
     chains = {}
 
     def pool_of():
-        pool = Pool(np.random.default_rng(seed), kh, h, dtype, pages=pages)
+        pool = Pool(np.random.default_rng(seed), kh, h, dtype, pages=n // L + 8)
         chains["c"] = split_chain(np.random.default_rng(seed + 1), pool, n, 3)
         return pool
 
@@ -398,10 +404,9 @@ def test_block_kernel_long_state_bitwise(gpu, rng, monkeypatch, h, dtype, window
 
     def tail(pool):
         toks = [(chains["c"], world, p) for p in range(n - chunk, n)]
-        return run_step(gpu, pool, toks, window=window, pad_to=chunk + 9)
+        return run_step(gpu, pool, toks, window=window, pad_to=tail_pad)
 
-    results = forced_runs(gpu, monkeypatch, kernels, pool_of, [prefill, tail])
-    assert_same_kernels(results, kernels, f"long state H={h}")
+    return forced_runs(gpu, monkeypatch, kernels, pool_of, [prefill, tail])
 
 
 def _butterfly_dot(q, k):

@@ -25,9 +25,9 @@ from tests.ops.test_tree_attention import (
     forced_runs,
     forest_tokens,
     good_args,
+    long_state_runs,
     make_world,
     run_step,
-    split_chain,
 )
 
 DTYPES = [(jnp.float32,) * 2, (jnp.bfloat16,) * 2, (jnp.bfloat16, jnp.float32)]  # pool, q
@@ -75,26 +75,8 @@ def test_split_kernel_short_step_on_long_state_bitwise(
 ):
     """The follow-up question: a ~2.6K-key state, then 32 tokens of the same chain in a step of
     T = 64 (the rest padding), which the automatic choice ("") gives to the split kernel."""
-    nh, kh, n, chunk = 4, 2, 2600, 32
-    world = make_world(rng, n, nh, kh, h, dtype)
-    seed = int(rng.integers(1 << 31))
     kernels = ("warp", "split", "")
-    chains = {}
-
-    def pool_of():
-        pool = Pool(np.random.default_rng(seed), kh, h, dtype, pages=n // L + 8)
-        chains["c"] = split_chain(np.random.default_rng(seed + 1), pool, n, 3)
-        return pool
-
-    def prefill(pool):
-        toks = [(chains["c"], world, p) for p in range(n - chunk)]
-        return run_step(gpu, pool, toks, window=window, pad_to=n - chunk + 5)
-
-    def tail(pool):
-        toks = [(chains["c"], world, p) for p in range(n - chunk, n)]
-        return run_step(gpu, pool, toks, window=window, pad_to=2 * chunk)
-
-    results = forced_runs(gpu, monkeypatch, kernels, pool_of, [prefill, tail])
+    results = long_state_runs(gpu, rng, monkeypatch, kernels, h, dtype, window, 32, 64)
     assert_same_kernels(results, kernels, f"long state H={h} tiles={tiles!r}")
 
 
