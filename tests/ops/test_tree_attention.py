@@ -357,21 +357,28 @@ def test_block_kernel_matches_warp_kernel_bitwise(
     """The block kernel (K/V tiles shared by a block's tokens and GQA heads) must give the warp
     kernel's bits: forests whose chains interleave (shuffled) or change inside a query tile
     (sorted), T not a multiple of the query tile, padding tokens, windows, bf16/f32 pools."""
+    kernels = ("warp", "block", "lanes")
+    results = forest_runs(gpu, rng, monkeypatch, kernels, h, nh, dtype, q_dtype, window, order)
+    assert_same_kernels(results, kernels, f"H={h} G={nh // 2} {order}")
+
+
+def forest_runs(gpu, rng, monkeypatch, kernels, h, nh, dtype, q_dtype, window, order):
+    """Per forced kernel: one step of a 4-question forest (K = 2 kv heads) whose chains
+    interleave ("shuffled") or are contiguous in position order ("sorted", how the engine
+    steps), T not a multiple of the query tile, 13 padding tokens."""
     kh = 2
     world = make_world(rng, 200, nh, kh, h, dtype, q_dtype)
     seed = int(rng.integers(1 << 31))
-    kernels = ("warp", "block", "lanes")
 
     def step(pool):
         tokens = forest_tokens(np.random.default_rng(seed), pool, lambda b, n: world, 4)
-        if order == "sorted":  # chains contiguous, in position order: how the engine steps
+        if order == "sorted":
             tokens.sort(key=lambda tk: (tk[0][-1][2][0], tk[2]))  # branch's first page
         return run_step(gpu, pool, tokens, window=window, pad_to=len(tokens) + 13)
 
-    results = forced_runs(
+    return forced_runs(
         gpu, monkeypatch, kernels, lambda: Pool(np.random.default_rng(seed), kh, h, dtype), [step]
     )
-    assert_same_kernels(results, kernels, f"H={h} G={nh // kh} {order}")
 
 
 @pytest.mark.parametrize("h", [128, 256])

@@ -23,7 +23,7 @@ from tests.ops.test_tree_attention import (
     Pool,
     assert_same_kernels,
     forced_runs,
-    forest_tokens,
+    forest_runs,
     good_args,
     long_state_runs,
     make_world,
@@ -51,19 +51,9 @@ def tiles(request, monkeypatch):
 def test_split_kernel_forest_bitwise(gpu, rng, monkeypatch, h, nh, dtype, q_dtype, window, tiles):
     """Forests (chains interleaved inside a query tile), T not a multiple of the query tile,
     padding tokens: split == warp, pools included; "" also checks the automatic choice."""
-    kh = 2
-    world = make_world(rng, 200, nh, kh, h, dtype, q_dtype)
-    seed = int(rng.integers(1 << 31))
     kernels = ("warp", "split", "block")
-
-    def step(pool):
-        tokens = forest_tokens(np.random.default_rng(seed), pool, lambda b, n: world, 4)
-        return run_step(gpu, pool, tokens, window=window, pad_to=len(tokens) + 13)
-
-    results = forced_runs(
-        gpu, monkeypatch, kernels, lambda: Pool(np.random.default_rng(seed), kh, h, dtype), [step]
-    )
-    assert_same_kernels(results, kernels, f"H={h} G={nh // kh} tiles={tiles!r}")
+    results = forest_runs(gpu, rng, monkeypatch, kernels, h, nh, dtype, q_dtype, window, "shuffled")
+    assert_same_kernels(results, kernels, f"H={h} G={nh // 2} tiles={tiles!r}")
 
 
 @pytest.mark.parametrize("h", [64, 128, 256])
