@@ -36,11 +36,15 @@ def silu(x):
     return x / (jnp.float32(1.0) + jnp.exp(-x))
 
 
-def _check(gate, up, activation: str) -> None:
+def _check_activation(activation: str) -> None:
     if activation not in ACTIVATIONS:
         raise ValueError(
             f"{OP}: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}"
         )
+
+
+def _check(gate, up, activation: str) -> None:
+    _check_activation(activation)
     if gate.ndim < 1:
         raise ValueError(f"{OP}: gate must be float32 or bfloat16 [..., F], got a scalar")
     _checks.require(
@@ -56,10 +60,7 @@ def _check_pair(gate_up, activation: str) -> None:
     if getattr(gate_up, "ndim", 0) < 2 or gate_up.shape[-2] != 2:
         got = _checks.describe(gate_up) if hasattr(gate_up, "shape") else type(gate_up).__name__
         raise ValueError(f"{OP}: gate_up must be [..., 2, F] (gate, then up), got {got}")
-    if activation not in ACTIVATIONS:
-        raise ValueError(
-            f"{OP}: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}"
-        )
+    _check_activation(activation)
     _checks.require(
         OP,
         "gate_up",
