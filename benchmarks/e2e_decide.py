@@ -188,7 +188,9 @@ def compile_engine(engine: Engine, keys: list[tuple], compile_s: dict) -> None:
             log(f"compiled {name} in {compile_s[name]:.1f} s")
 
 
-def compile_baseline(baseline: Baseline, s: Scenario, compile_s: dict) -> None:
+def compile_baseline(baseline: Baseline | None, s: Scenario, compile_s: dict) -> None:
+    if baseline is None:  # --no-baseline
+        return
     for tokens, options in baseline_requests(s):
         key = f"baseline/{len(tokens)}"
         if key not in compile_s:
@@ -217,30 +219,41 @@ def measure(engine: Engine, baseline, s: Scenario, runs: int, chunk: int) -> dic
     assert engine.runner.compilations == compilations, (
         "the scenario compiled a step: step_keys is wrong"
     )
-    requests = baseline_requests(s)
-    for tokens, options in requests:  # warm-up
-        baseline(tokens, options)
-    t_base, base_probs = timed(lambda: [baseline(t, o) for t, o in requests], runs)
     cached = sum(result.cached_tokens(q) for q in range(len(s.questions)))
-    diff = max(
-        float(np.max(np.abs(np.asarray(p) - b)))
-        for p, b in zip(result.probabilities, base_probs, strict=True)
-    )
+    base = measure_baseline(baseline, s, runs, result) if baseline else {}
     return {
         "scenario": s.name,
         "title": TITLES[s.name],
         "shapes": s.shapes,
         "prism": stats(t_prism),
-        "baseline": stats(t_base),
-        "ratio": statistics.median(t_base) / statistics.median(t_prism),
+        "baseline": base.get("stats"),
+        "ratio": base["median_ms"] / stats(t_prism)["median_ms"] if base else None,
         "engine_step_ms": 1e3 * statistics.median(r.seconds for r in results),
         "computed_tokens": result.computed_tokens,
         "cached_tokens": cached,
         "steps": result.steps,
-        "baseline_tokens": [len(t) for t, _ in requests],
-        "prob_max_abs_diff_vs_bf16": diff,
+        "baseline_tokens": base.get("tokens"),
+        "prob_max_abs_diff_vs_bf16": base.get("diff"),
         "target_ms": TARGET_MS[s.name],
         "prism_published_ms": PRISM_MS[s.name],
+    }
+
+
+def measure_baseline(baseline: Baseline, s: Scenario, runs: int, result) -> dict:
+    requests = baseline_requests(s)
+    for tokens, options in requests:  # warm-up
+        baseline(tokens, options)
+    t_base, base_probs = timed(lambda: [baseline(t, o) for t, o in requests], runs)
+    diff = max(
+        float(np.max(np.abs(np.asarray(p) - b)))
+        for p, b in zip(result.probabilities, base_probs, strict=True)
+    )
+    st = stats(t_base)
+    return {
+        "stats": st,
+        "median_ms": st["median_ms"],
+        "tokens": [len(t) for t, _ in requests],
+        "diff": diff,
     }
 
 
@@ -281,7 +294,7 @@ def split_times(engine: Engine, s: Scenario, runs: int, chunk: int) -> dict:
 # --- setup and main ---------------------------------------------------------------------------
 
 
-def build(config: ModelConfig, args, times: dict) -> tuple[Engine, Baseline]:
+def build(config: ModelConfig, args, times: dict) -> tuple[Engine, Baseline | None]:
     start = time.perf_counter()
     params8 = jax.block_until_ready(model.init_random(config, "int8", args.seed))
     times["init_int8_s"] = round(time.perf_counter() - start, 2)
@@ -294,6 +307,9 @@ def build(config: ModelConfig, args, times: dict) -> tuple[Engine, Baseline]:
     )
     engine = Engine(config, params8, None, None, name="prism_jax int8", engine_config=e)
     engine.root_len = ROOT_LEN
+    if args.no_baseline:
+        log(f"random weights: int8 {times['init_int8_s']} s, no baseline")
+        return engine, None
     start = time.perf_counter()
     params16 = jax.block_until_ready(model.init_random(config, "bf16", args.seed))
     times["init_bf16_s"] = round(time.perf_counter() - start, 2)
@@ -320,7 +336,8 @@ def meta(args, config: ModelConfig) -> dict:
         "smoke": args.preset != "gemma3-27b"
         or bool(args.layers)
         or dev.platform != "gpu"
-        or args.runs < 10,
+        or args.runs < 10
+        or args.no_baseline,
     }
 
 
@@ -347,6 +364,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--trace",
         action="store_true",
         help="jax.profiler traces + per-op GPU time (breakdown.jsonl)",
+    )
+    p.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip the bf16 baseline (engine probes: XLA flags, traces); rows are smoke rows",
     )
     p.add_argument("--compile-only", action="store_true", help="build and compile, then stop")
     p.add_argument("--render", metavar="DIR", help="only re-render E2E.md / e2e.png from DIR")
@@ -385,7 +407,7 @@ def main(argv=None) -> None:
     setup["total_s"] = round(time.perf_counter() - t_start, 1)
     summary.write_text(json.dumps({**info, **setup}, indent=1) + "\n")
     log(f"done in {setup['total_s']} s (compiling {sum(setup['compile_s'].values()):.1f} s)")
-    if not args.compile_only:
+    if not args.compile_only and not args.no_baseline:
         render(out)
 
 
@@ -402,7 +424,11 @@ def run_scenario(engine: Engine, baseline: Baseline, s: Scenario, args, info: di
     print(json.dumps(row), flush=True)
     with open(out / "e2e.jsonl", "a") as f:
         f.write(json.dumps(row) + "\n")
-    p, b = row["prism"]["median_ms"], row["baseline"]["median_ms"]
+    p = row["prism"]["median_ms"]
+    if row["baseline"] is None:
+        log(f"{s.name}: prism_jax {p:.2f} ms (no baseline)")
+        return
+    b = row["baseline"]["median_ms"]
     log(f"{s.name}: prism_jax {p:.2f} ms, baseline {b:.2f} ms, ratio {row['ratio']:.1f}")
 
 
@@ -410,6 +436,7 @@ def trace(engine: Engine, baseline, chosen: list[Scenario], chunk: int, where: p
     """TRACE_RUNS prism runs per scenario, each scenario in its own jax.profiler trace, then the
     per-op GPU time of each (benchmarks/trace_breakdown.py) into OUT/breakdown.jsonl."""
     from trace_breakdown import breakdown
+    from trace_gaps import gaps
 
     rows = []
     for s in chosen:
@@ -422,6 +449,7 @@ def trace(engine: Engine, baseline, chosen: list[Scenario], chunk: int, where: p
                 with jax.profiler.TraceAnnotation(f"prism {s.name}"):
                     engine.run(s.questions, chunk=chunk)
         rows += [{"scenario": s.name, **r} for r in breakdown(where / s.name, TRACE_RUNS)]
+        rows += [{"scenario": s.name, **r} for r in gaps(where / s.name, TRACE_RUNS)]
     with open(where.parent / "breakdown.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     for r in rows:

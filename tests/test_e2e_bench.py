@@ -47,3 +47,36 @@ def test_tiny_run_writes_one_line_per_scenario(tmp_path):
     table = (tmp_path / "E2E.md").read_text()
     assert "SMOKE RUN" in table and "| 19 |" in table and "<= 7 |" in table
     assert (tmp_path / "e2e.png").stat().st_size > 0
+
+
+def test_no_baseline_trace_probe(tmp_path):
+    """--no-baseline (XLA flag and trace probes): no bf16 model, smoke rows, a gap analysis."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--preset",
+            "tiny",
+            "--runs",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--scenarios",
+            "one_question",
+            "--no-baseline",
+            "--trace",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (row,) = [json.loads(x) for x in (tmp_path / "e2e.jsonl").read_text().splitlines()]
+    assert row["smoke"] and row["baseline"] is None and row["ratio"] is None
+    assert row["prism"]["runs"] == 2
+    compiled = json.loads((tmp_path / "compile.json").read_text())["compile_s"]
+    assert not any(k.startswith("baseline/") for k in compiled), compiled
+    kinds = {json.loads(x)["kind"] for x in (tmp_path / "breakdown.jsonl").read_text().splitlines()}
+    assert {"group", "total", "gaps", "host"} <= kinds, kinds
+    assert not (tmp_path / "E2E.md").exists()

@@ -1,0 +1,155 @@
+"""Where a step's wall time is not kernel time: GPU idle gaps and host thunk time in a trace.
+
+    python3 benchmarks/trace_gaps.py TRACE_DIR [--runs N] [--split-ms 1.0]
+
+Reads every *.xplane.pb under TRACE_DIR (jax.profiler.trace output). On the GPU planes it merges
+every kernel of every stream into busy intervals and measures the idle time between them. A gap
+longer than --split-ms separates steps (host work between runs: scheduling, readout); shorter
+gaps are inside a step, the launch and dependency overhead that makes a forward's wall time
+exceed its kernel time. Each inner gap is charged to the pair (op group of the kernel before it,
+op group of the kernel after it), so a gap that follows every custom call of one kind shows up
+as one row. On the host plane it sums the XLA runtime's events by name (thunk execution, command
+buffer updates), which says whether the host or the GPU sets the pace.
+Prints one JSON line per row, in ms per run when --runs gives the number of traced runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import pathlib
+
+from jax.profiler import ProfileData
+from trace_breakdown import group_of
+
+HIST_US = (2, 5, 10, 20, 50, 100, 1000)  # upper bounds of the gap histogram's bins
+
+
+def _planes(trace_dir: pathlib.Path):
+    files = sorted(trace_dir.rglob("*.xplane.pb"))
+    assert files, f"no *.xplane.pb under {trace_dir}: pass the directory jax.profiler.trace wrote"
+    for f in files:
+        yield from ProfileData.from_file(str(f)).planes
+
+
+def kernel_events(trace_dir: pathlib.Path) -> list[tuple[float, float, str]]:
+    """(start_ns, end_ns, kernel name) of every kernel on every GPU stream, by start."""
+    events = []
+    for plane in _planes(trace_dir):
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        for line in plane.lines:
+            if line.name.startswith("Stream"):  # "XLA Ops"/"XLA Modules" repeat the streams
+                events += [(e.start_ns, e.start_ns + e.duration_ns, e.name) for e in line.events]
+    return sorted(events)
+
+
+def host_events(trace_dir: pathlib.Path) -> tuple[dict[str, float], dict[str, int]]:
+    """Host event name -> total ns and count, Python's own frames left out."""
+    total: dict[str, float] = collections.defaultdict(float)
+    count: dict[str, int] = collections.Counter()
+    for plane in _planes(trace_dir):
+        if plane.name != "/host:CPU":
+            continue
+        for line in plane.lines:
+            if line.name == "python":
+                continue
+            for e in line.events:
+                total[e.name] += e.duration_ns
+                count[e.name] += 1
+    return total, count
+
+
+def _hist_bin(gap_us: float) -> str:
+    for bound in HIST_US:
+        if gap_us < bound:
+            return f"<{bound}us"
+    return f">={HIST_US[-1]}us"
+
+
+def gap_rows(events: list[tuple[float, float, str]], runs: int, split_ns: float) -> list[dict]:
+    """Busy, span and idle time per run, the gap histogram and the gap pairs by total time."""
+    if not events:
+        return [{"kind": "gaps", "source": "none", "note": "no GPU kernels in the trace"}]
+    busy = span = 0.0
+    cur_start, cur_end, cur_name = events[0]
+    step_start = cur_start
+    pairs: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
+    hist: dict[str, list[float]] = collections.defaultdict(list)
+    for start, end, name in events[1:]:
+        if start <= cur_end:  # overlaps the busy interval (another stream): extend it
+            if end > cur_end:
+                cur_end, cur_name = end, name
+            continue
+        busy += cur_end - cur_start
+        gap = start - cur_end
+        if gap >= split_ns:  # a new step begins
+            span += cur_end - step_start
+            step_start = start
+        else:
+            pairs[(group_of(cur_name), group_of(name))].append(gap)
+            hist[_hist_bin(gap / 1e3)].append(gap)
+        cur_start, cur_end, cur_name = start, end, name
+    busy += cur_end - cur_start
+    span += cur_end - step_start
+    per_run = 1e-6 / runs
+    rows = [
+        {
+            "kind": "gaps",
+            "source": "gpu",
+            "span_ms": span * per_run,
+            "busy_ms": busy * per_run,
+            "idle_ms": (span - busy) * per_run,
+            "kernels_per_run": len(events) / runs,
+            "hist": {
+                b: {"count_per_run": len(v) / runs, "ms_per_run": sum(v) * per_run}
+                for b, v in sorted(hist.items(), key=lambda kv: -sum(kv[1]))
+            },
+        }
+    ]
+    for (before, after), v in sorted(pairs.items(), key=lambda kv: -sum(kv[1]))[:15]:
+        rows.append(
+            {
+                "kind": "gap_pair",
+                "after_op": before,
+                "before_op": after,
+                "ms_per_run": sum(v) * per_run,
+                "count_per_run": len(v) / runs,
+                "mean_us": sum(v) / len(v) / 1e3,
+            }
+        )
+    return rows
+
+
+def host_rows(trace_dir: pathlib.Path, runs: int, top: int = 20) -> list[dict]:
+    total, count = host_events(trace_dir)
+    per_run = 1e-6 / runs
+    return [
+        {
+            "kind": "host",
+            "event": name[:160],
+            "ms_per_run": ns * per_run,
+            "count_per_run": count[name] / runs,
+        }
+        for name, ns in sorted(total.items(), key=lambda kv: -kv[1])[:top]
+    ]
+
+
+def gaps(trace_dir: pathlib.Path, runs: int, split_ms: float = 1.0) -> list[dict]:
+    assert runs >= 1, "runs counts traced runs: at least 1"
+    return gap_rows(kernel_events(trace_dir), runs, split_ms * 1e6) + host_rows(trace_dir, runs)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("trace_dir", type=pathlib.Path)
+    p.add_argument("--runs", type=int, default=1, help="runs the trace holds (to print per run)")
+    p.add_argument("--split-ms", type=float, default=1.0, help="longer gaps separate steps")
+    args = p.parse_args(argv)
+    for row in gaps(args.trace_dir, args.runs, args.split_ms):
+        print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()

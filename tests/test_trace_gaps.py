@@ -1,0 +1,40 @@
+"""benchmarks/trace_gaps.py: idle gaps between kernels, split into steps, charged to op pairs."""
+
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+from trace_gaps import gap_rows  # noqa: E402
+
+US = 1e3  # ns
+
+
+def test_gaps_split_steps_and_charge_pairs():
+    # Two steps of one run each: [gemm 0-10us][gap 4][norm 14-16][gap 30][attention 46-60],
+    # a 5 ms pause, then [gemm][gap 4][norm]; attention overlaps a fusion on another stream.
+    events = [
+        (0 * US, 10 * US, "cutlass_gemm_kernel"),
+        (14 * US, 16 * US, "prism::NormSplitRowsKernel"),
+        (46 * US, 60 * US, "prism::block::BlockAttendKernel"),
+        (50 * US, 62 * US, "loop_add_fusion"),
+        (5062 * US, 5072 * US, "cutlass_gemm_kernel"),
+        (5076 * US, 5078 * US, "prism::NormSplitRowsKernel"),
+    ]
+    rows = gap_rows(events, runs=2, split_ns=1000 * US)
+    head = rows[0]
+    assert head["kind"] == "gaps"
+    assert head["span_ms"] == pytest.approx((62 + 16) * 1e-3 / 2)
+    assert head["busy_ms"] == pytest.approx((10 + 2 + 16 + 10 + 2) * 1e-3 / 2)
+    assert head["idle_ms"] == pytest.approx((4 + 30 + 4) * 1e-3 / 2)
+    pairs = {(r["after_op"], r["before_op"]): r for r in rows if r["kind"] == "gap_pair"}
+    assert pairs[("rmsnorm_quant", "tree_attention")]["ms_per_run"] == pytest.approx(0.015)
+    assert pairs[("int8_gemm", "rmsnorm_quant")]["count_per_run"] == 1
+    assert pairs[("int8_gemm", "rmsnorm_quant")]["mean_us"] == pytest.approx(4)
+    assert head["hist"]["<5us"]["count_per_run"] == 1
+    assert head["hist"]["<50us"]["count_per_run"] == 0.5
+
+
+def test_no_kernels_says_so():
+    assert gap_rows([], runs=1, split_ns=1e6)[0]["source"] == "none"
