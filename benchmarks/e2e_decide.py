@@ -123,7 +123,7 @@ def step_keys(e: EngineConfig, steps: list[tuple[int, int]]) -> list[tuple]:
         keys.append(("forward", t))
         if rows:
             r = bucket(rows, e.row_buckets, "rows")
-            keys += [("gather", t, r), ("readout", r, c)]
+            keys.append(("readout", t, r, c))  # gather + candidate head, fused
     return list(dict.fromkeys(keys))
 
 

@@ -1,14 +1,20 @@
 """The runner: compiled step executables per static bucket, and the device KV pool.
 
-Every shape the scheduler can produce is a bucket: forward steps by token count, readouts by
-(rows, candidates), vocabulary passes by rows. `warmup` compiles all of them ahead of time
-(with a progress bar; the persistent compilation cache makes later starts fast), after which a
-step only looks its executable up: steady state never compiles. The KV pool is donated into
-each forward step and replaced by the result, so XLA updates it in place.
+Every shape the scheduler can produce is a bucket: forward steps by token count T, readouts
+by (T, rows R, candidates C), vocabulary passes by (T, rows). `warmup` compiles all of them
+ahead of time (with a progress bar; the persistent compilation cache makes later starts fast),
+after which a step only looks its executable up: steady state never compiles. The KV pool is
+donated into each forward step and replaced by the result, so XLA updates it in place.
+
+Host overhead per step is one int32 transfer and one dispatch per executable: each call's
+integer inputs travel packed in one buffer (step_buffers), and a readout gathers its rows,
+scores the candidates and returns one f32 array, so a step costs two calls (three when some
+row needs the vocabulary pass) and one device-to-host read.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Mapping
 
@@ -18,8 +24,8 @@ import numpy as np
 
 from prism_jax import model
 from prism_jax.config import EngineConfig, ModelConfig
-from prism_jax.decide import paged_tables
 from prism_jax.kv_pages import KVPool, init_kv_pool
+from prism_jax.step_buffers import Layout, forward_layout, pack, readout_layout, size, unpack
 
 
 class Runner:
@@ -28,23 +34,45 @@ class Runner:
         self.kv: KVPool = init_kv_pool(config, engine.kv_pages, engine.page_size, params.precision)
         self._compiled: dict[tuple, jax.stages.Compiled] = {}
         self.compilations = 0  # executables built by this runner (steady state: constant)
-
         # The forward takes the weights as a flat list of arrays: flattening the nnx params
         # pytree on every call cost milliseconds of host time per step; a list is C++-fast.
-        self._param_leaves, param_tree = jax.tree.flatten(params)
-
-        def fwd(leaves, kv, tokens, tables):
-            params = jax.tree.unflatten(param_tree, leaves)
-            return model.forward_paged(params, config, kv, tokens, tables)
-
-        self._forward = jax.jit(fwd, donate_argnums=1)
-        # Readouts take the gathered rows [R, D], so they are compiled per (R, C), not per T,
-        # and only the output embedding: passing the whole params pytree (hundreds of leaves)
-        # to every readout call cost milliseconds of host time per step.
+        self._param_leaves, self._param_tree = jax.tree.flatten(params)
+        # Readouts take only the output embedding: passing the whole params pytree (hundreds
+        # of leaves) to every readout call cost milliseconds of host time per step.
         self._embedding = model.output_embedding(params, config)
-        self._gather = jax.jit(lambda h, r: h[r])
-        self._readout = jax.jit(lambda e, h, i, c: model.candidate_head(e, config, h, i, c))
-        self._lse = jax.jit(lambda e, h: model.embedding_logsumexp(e, config, h))
+
+    # --- the jitted step functions (layouts are static: one jit per bucket) ----------------
+    def _forward_fn(self, layout: Layout):
+        config, tree = self.config, self._param_tree
+
+        def fwd(leaves, kv, packed):
+            a = unpack(packed, layout)
+            tables = model.PagedTables(
+                a["slot"], a["positions"], a["chain_of"], a["chain_segments"], a["pages_flat"]
+            )
+            params = jax.tree.unflatten(tree, leaves)
+            return model.forward_paged(params, config, kv, a["tokens"], tables)
+
+        return jax.jit(fwd, donate_argnums=1)
+
+    def _readout_fn(self, layout: Layout):
+        config = self.config
+
+        def read(emb, hidden, packed):
+            a = unpack(packed, layout)
+            rows = hidden[a["rows"]]  # (R, D)
+            logits, logprobs = model.candidate_head(
+                emb, config, rows, a["cand_ids"], a["cand_counts"]
+            )
+            return jnp.stack([logits, logprobs])  # (2, R, C): one device-to-host copy
+
+        return jax.jit(read)
+
+    def _lse_fn(self):
+        config = self.config
+        return jax.jit(
+            lambda emb, hidden, rows: model.embedding_logsumexp(emb, config, hidden[rows])
+        )
 
     # --- shapes ----------------------------------------------------------------------------
     def _spec(self, shape, dtype=jnp.int32) -> jax.ShapeDtypeStruct:
@@ -54,42 +82,36 @@ class Runner:
         dtype = jnp.bfloat16 if self.params.precision == "bf16" else jnp.float32
         return self._spec((t, self.config.hidden_size), dtype)
 
-    def _forward_args(self, t: int):
-        e = self.engine
-        tables = model.PagedTables(
-            self._spec((t,)),
-            self._spec((t,)),
-            self._spec((t,)),
-            self._spec((t, e.chain_depth, 3)),
-            self._spec((e.kv_pages,)),
-        )
-        return (self._param_leaves, self.kv, self._spec((t,)), tables)
+    def _row_buckets(self, t: int) -> tuple[int, ...]:
+        """The row buckets a step of t tokens can use: every one up to the bucket of t itself
+        (up to t rows; e.g. 300 rows in a 512-token step take the 1024-row bucket)."""
+        rows = self.engine.row_buckets
+        return rows[: bisect.bisect_left(rows, t) + 1]
 
     def bucket_keys(self) -> list[tuple]:
         e = self.engine
         keys: list[tuple] = [("forward", t) for t in e.token_buckets]
         keys += [
-            ("gather", t, r) for t, r in itertools.product(e.token_buckets, e.row_buckets) if r <= t
+            ("readout", t, r, c)
+            for t in e.token_buckets
+            for r, c in itertools.product(self._row_buckets(t), e.candidate_buckets)
         ]
-        keys += [("lse", r) for r in e.row_buckets]
-        keys += [
-            ("readout", r, c) for r, c in itertools.product(e.row_buckets, e.candidate_buckets)
-        ]
+        keys += [("lse", t, r) for t in e.token_buckets for r in self._row_buckets(t)]
         return keys
 
     def _compile(self, key: tuple) -> jax.stages.Compiled:
-        kind = key[0]
+        kind, t = key[0], key[1]
         if kind == "forward":
-            lowered = self._forward.lower(*self._forward_args(key[1]))
-        elif kind == "gather":
-            lowered = self._gather.lower(self._hidden_spec(key[1]), self._spec((key[2],)))
-        elif kind == "lse":
-            lowered = self._lse.lower(self._embedding, self._hidden_spec(key[1]))
+            layout = forward_layout(t, self.engine)
+            packed = self._spec((size(layout),))
+            lowered = self._forward_fn(layout).lower(self._param_leaves, self.kv, packed)
+        elif kind == "readout":
+            layout = readout_layout(key[2], key[3])
+            packed = self._spec((size(layout),))
+            lowered = self._readout_fn(layout).lower(self._embedding, self._hidden_spec(t), packed)
         else:
-            r, c = key[1], key[2]
-            lowered = self._readout.lower(
-                self._embedding, self._hidden_spec(r), self._spec((r, c)), self._spec((r,))
-            )
+            rows = self._spec((key[2],))
+            lowered = self._lse_fn().lower(self._embedding, self._hidden_spec(t), rows)
         self.compilations += 1
         return lowered.compile()
 
@@ -110,10 +132,8 @@ class Runner:
     def forward(self, arrays: Mapping[str, np.ndarray]) -> jax.Array:
         """Runs one padded step; the pool is donated and replaced. Returns hidden [T, D]."""
         t = arrays["tokens"].shape[0]
-        tables = paged_tables(arrays)
-        hidden, self.kv = self.executable(("forward", t))(
-            self._param_leaves, self.kv, arrays["tokens"], tables
-        )
+        packed = pack(arrays, forward_layout(t, self.engine))  # one transfer, not six
+        hidden, self.kv = self.executable(("forward", t))(self._param_leaves, self.kv, packed)
         return hidden
 
     def read(
@@ -123,15 +143,12 @@ class Runner:
         lse only for arrays["lse_rows"] (empty when no row needs the vocabulary pass)."""
         t = hidden.shape[0]
         r, c = arrays["cand_ids"].shape
-        rows = self.executable(("gather", t, r))(hidden, arrays["rows"])  # (R, D)
-        logits, logprobs = self.executable(("readout", r, c))(
-            self._embedding, rows, arrays["cand_ids"], arrays["cand_counts"]
-        )
+        packed = pack(arrays, readout_layout(r, c))
+        scores = self.executable(("readout", t, r, c))(self._embedding, hidden, packed)
         lse = np.zeros(0, np.float32)
         if len(arrays["lse_of"]):
-            r2 = arrays["lse_rows"].shape[0]
-            lse_hidden = self.executable(("gather", t, r2))(hidden, arrays["lse_rows"])
-            lse = self.executable(("lse", r2))(self._embedding, lse_hidden)
-        # One transfer for all results: each np.asarray would wait for the device on its own.
-        logits, logprobs, lse = jax.device_get((logits, logprobs, lse))
-        return np.asarray(logits), np.asarray(logprobs), np.asarray(lse)
+            rows = arrays["lse_rows"]
+            lse = self.executable(("lse", t, rows.shape[0]))(self._embedding, hidden, rows)
+        # One read for all results: each np.asarray would wait for the device on its own.
+        scores, lse = jax.device_get((scores, lse))
+        return scores[0], scores[1], np.asarray(lse)

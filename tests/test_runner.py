@@ -78,7 +78,23 @@ def _workload(rng, vocab: int) -> list[list[RenderedQuestion]]:
 def test_warmup_compiles_every_bucket_once(engine):
     keys = engine.runner.bucket_keys()
     assert engine.runner.compilations == len(keys)
-    assert ("forward", 256) in keys and ("readout", 16, 256) in keys and ("lse", 1) in keys
+    assert ("forward", 256) in keys and ("readout", 256, 16, 256) in keys
+    assert ("lse", 16, 1) in keys and ("readout", 16, 16, 2) in keys
+
+
+def test_each_call_gets_one_integer_buffer(engine):
+    """Every numpy input is its own host-to-device copy: the forward takes the weights, the
+    pool and one packed int32 buffer; the readout the embedding, hidden and one buffer."""
+    runner = engine.runner
+    args, kwargs = runner.executable(("forward", 64)).args_info
+    assert not kwargs and len(args) == 3, "forward(weights, kv, packed)"
+    weights, kv, packed = args
+    assert len(weights) == len(runner._param_leaves)
+    assert all(a.donated for a in jax.tree.leaves(kv)), "the pool is updated in place"
+    assert packed.dtype == np.int32 and len(packed.shape) == 1
+    args, kwargs = runner.executable(("readout", 64, 4, 8)).args_info
+    assert not kwargs and len(args) == 3, "readout(embedding, hidden, packed)"
+    assert args[2].dtype == np.int32 and len(args[2].shape) == 1
 
 
 def test_steady_state_never_compiles(engine, rng):
