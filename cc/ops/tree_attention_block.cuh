@@ -44,18 +44,18 @@ __device__ __forceinline__ void MergePartials(const Partials<kH, kPW>& pt, float
   }
 }
 
-// The block kernel (see the top of this file). grid = (ceil(T / Qt), K), Qt = kPairs / G.
+// Block-wide: out for the pairs of query tile b (tokens [b * Qt, (b + 1) * Qt)) and kv head
+// kvh, every tile in order (see the top of this file). smem: SmemBytes() of dynamic memory.
 template <typename Q, typename KV, int kH, int kPW>
-__global__ void __launch_bounds__(kThreads, kH <= 128 ? 2 : 1)
-    BlockAttendKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
-                      const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale,
-                      int32_t window, Q* __restrict__ out) {
+__device__ __forceinline__ void AttendBlock(const Q* __restrict__ q, const KV* __restrict__ k_pool,
+                                            const KV* __restrict__ v_pool, const Dims& dm,
+                                            const Tables& tb, float scale, int32_t window,
+                                            int64_t b, int64_t kvh, float* smem,
+                                            BlockInfo& info, Q* __restrict__ out) {
   using S = Shape<kH, kPW>;
-  extern __shared__ __align__(16) float smem[];
-  __shared__ BlockInfo info;
   const Smem sm = CarveSmem<kH, kPW>(smem);
   const int g_count = static_cast<int>(dm.n / dm.k), qt = S::kPairs / g_count;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * qt, kvh = blockIdx.y;
+  const int64_t t0 = b * qt;
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
   SetupBlock<Q, kH, kPW>(q, dm, tb, window, t0, kvh, sm, &info);
@@ -90,6 +90,18 @@ __global__ void __launch_bounds__(kThreads, kH <= 128 ? 2 : 1)
 #pragma unroll
     for (int d = 0; d < S::kDims; ++d) FromF32(Normalised(st_acc[i][d], st_l[i]), o + d);
   }
+}
+
+// The block kernel (see the top of this file). grid = (ceil(T / Qt), K), Qt = kPairs / G.
+template <typename Q, typename KV, int kH, int kPW>
+__global__ void __launch_bounds__(kThreads, kH <= 128 ? 2 : 1)
+    BlockAttendKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
+                      const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale,
+                      int32_t window, Q* __restrict__ out) {
+  extern __shared__ __align__(16) float smem[];
+  __shared__ BlockInfo info;
+  AttendBlock<Q, KV, kH, kPW>(q, k_pool, v_pool, dm, tb, scale, window, blockIdx.x, blockIdx.y,
+                              smem, info, out);
 }
 
 }  // namespace block

@@ -203,6 +203,9 @@ struct Workspace {
 };
 
 constexpr int kBlockPW = 4;  // pairs per warp of the block kernel: 32 (token, head) pairs
+// Step sizes of the kernel choice (ChooseKernel, below, says why).
+constexpr int64_t kBlockMinTokens = 64;   // up to this: the lanes warp is the split's fallback
+constexpr int64_t kSplitMaxTokens = 512;  // prism_jax/ops/tree_attention.py SPLIT_MAX_TOKENS
 
 template <int kH, typename Q, typename KV>
 ffi::Error LaunchLanes(unsigned grid, cudaStream_t stream, const Q* q, const KV* k_pool,
@@ -242,14 +245,24 @@ ffi::Error LaunchSplit(cudaStream_t stream, const Workspace& ws, const Q* q, con
   const int qt = static_cast<int>(block::Shape<kH, kBlockPW>::kPairs / dm.g());
   const split::Plan plan = split::SplitPlan(dm, window, qt, ws.data, ws.floats);
   const unsigned warps = static_cast<unsigned>(CeilDiv(dm.t * dm.n, split::kMergeWarps));
+  const bool big = dm.t > kBlockMinTokens;  // the fallback: block kernel, else the lanes warp
   if (plan.slots == 0) {
     PRISM_REQUIRE(ForcedKernel() != Kernel::kSplit,
                   "prism_tree_attention: PRISM_TREE_ATTENTION_KERNEL=split, but the workspace "
                   "holds no round (call it through prism_jax.ops.tree_attention)");
+    if (big) return LaunchBlock<kH>(stream, q, k_pool, v_pool, dm, tb, scale, window, out);
     return LaunchLanes<kH>(warps, stream, q, k_pool, v_pool, dm, tb, scale, window, out);
   }
-  const dim3 grid(static_cast<unsigned>(CeilDiv(dm.t, qt)), static_cast<unsigned>(dm.k),
-                  static_cast<unsigned>(plan.slots));
+  // Persistent pass 1: as many blocks as fit on the GPU at once, never more than work items.
+  static const int64_t resident = [&] {  // once per instantiation (one device kind)
+    int device = 0, sms = 0, per_sm = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block::kThreads, kSmem);
+    return static_cast<int64_t>(std::max(sms, 1)) * std::max(per_sm, 1);
+  }();
+  const int64_t nb = CeilDiv(dm.t, qt);
+  const unsigned grid = static_cast<unsigned>(std::min(resident, nb * dm.k * plan.slots));
   const int64_t covered = plan.rounds * plan.slots;
   for (int64_t r = 0; r < plan.rounds; ++r) {
     const split::Round rd{r * plan.slots, plan.slots, covered};
@@ -258,9 +271,20 @@ ffi::Error LaunchSplit(cudaStream_t stream, const Workspace& ws, const Q* q, con
     split::MergeKernel<Q, kH><<<warps, split::kMergeWarps * kWarpSize, 0, stream>>>(
         dm, tb, window, qt, rd, r == 0, r + 1 == plan.rounds, plan.part, plan.state, out);
   }
-  static_assert(lanes::kWarps == split::kMergeWarps, "fallback and merge use the same grid");
-  split::FallbackKernel<Q, KV, kH><<<warps, lanes::kWarps * kWarpSize, 0, stream>>>(
-      q, k_pool, v_pool, dm, tb, scale, window, qt, split::Round{0, plan.slots, covered}, out);
+  const split::Round all{0, plan.slots, covered};
+  if (big) {
+    auto* fallback = split::BlockFallbackKernel<Q, KV, kH, kBlockPW>;
+    static const cudaError_t fattr = cudaFuncSetAttribute(  // once per instantiation
+        fallback, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+    PRISM_REQUIRE(fattr == cudaSuccess, "prism_tree_attention: fallback shared memory refused");
+    const dim3 bgrid(static_cast<unsigned>(nb), static_cast<unsigned>(dm.k));
+    fallback<<<bgrid, block::kThreads, kSmem, stream>>>(q, k_pool, v_pool, dm, tb, scale, window,
+                                                        all, out);
+  } else {
+    static_assert(lanes::kWarps == split::kMergeWarps, "fallback and merge use the same grid");
+    split::FallbackKernel<Q, KV, kH><<<warps, lanes::kWarps * kWarpSize, 0, stream>>>(
+        q, k_pool, v_pool, dm, tb, scale, window, qt, all, out);
+  }
   return LaunchStatus("prism_tree_attention");
 }
 
@@ -268,12 +292,14 @@ ffi::Error LaunchSplit(cudaStream_t stream, const Workspace& ws, const Q* q, con
 // and the G heads of a kv head: it pays for forests and prefill chunks (measured on the H200:
 // 1.3-2.9x the lanes kernel), but a block of one-token chains (decode: T <= 64 rows) runs its
 // chains one after another (~6x slower). The handler cannot see the tables (no host sync) and
-// C is padded to T, so the step's size decides: T > kBlockMinTokens takes the block kernel.
+// C is padded to T, so the step's size decides: T > kSplitMaxTokens takes the block kernel.
 // Small steps (decode rows, a follow-up question of <= 64 tokens on a long cached state) have
 // too few (token, head) pairs to fill the GPU when each walks its tiles serially (lanes: ~1,000
 // warps, ~0.6 ms per 27B layer on a 4K state), so they take the split kernel: one block per
-// (query tile, kv head, key tile), then an in-order merge pass; same bits.
-constexpr int64_t kBlockMinTokens = 64;
+// (query tile, kv head, key tile), then an in-order merge pass; same bits. Up to
+// kSplitMaxTokens (a forest, a one-question prefill) the split also wins: the block kernel's
+// blocks walk 1 to T / 64 tiles each (causal), so the SMs holding the last query tiles finish
+// long after the rest; the split spreads the tiles evenly.
 
 Kernel ChooseKernel(const Dims& dm) {
   const bool fast_h = dm.h == 64 || dm.h == 128 || dm.h == 256;
@@ -281,8 +307,10 @@ Kernel ChooseKernel(const Dims& dm) {
   const bool block_ok = fast_h && dm.g() <= pairs && pairs % dm.g() == 0 &&
                         CeilDiv(dm.t, pairs / dm.g()) <= 0x7fffffff && dm.k <= 65535;
   Kernel k = ForcedKernel();
+  const bool split_ok = block_ok && CeilDiv(dm.t, pairs / dm.g()) <= split::kMaxQueryTiles;
   if (k == Kernel::kAuto) k = !block_ok ? Kernel::kLanes
-                          : dm.t > kBlockMinTokens ? Kernel::kBlock : Kernel::kSplit;
+                          : dm.t > kSplitMaxTokens || !split_ok ? Kernel::kBlock : Kernel::kSplit;
+  if (k == Kernel::kSplit && block_ok && !split_ok) k = Kernel::kBlock;
   if ((k == Kernel::kBlock || k == Kernel::kSplit) && !block_ok) k = Kernel::kLanes;
   if (k == Kernel::kLanes && !fast_h) k = Kernel::kWarp;
   return k;

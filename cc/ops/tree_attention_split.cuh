@@ -2,18 +2,20 @@
 // AttendKernel for steps with few tokens and long contexts (a follow-up question: T = 64, one
 // chain, ~4K keys), where the fused kernels walk each query's tiles serially and leave the GPU
 // mostly idle. Tile partials do not depend on the running state (tree_attention.h), so:
-//   pass 1 (PartialKernel), grid (ceil(T / Qt), K, R): block (b, kvh, i) is the block kernel's
-//     block b for ONE tile, j = lo_b + base + i (lo_b: the first tile any of b's tokens sees).
-//     It stages that tile per chain and computes every pair's partial with the block kernel's
-//     own code (tree_attention_block_tile.cuh), then writes it to the workspace (no merge).
+//   pass 1 (PartialKernel), a persistent grid over work items (b, kvh, i): the block kernel's
+//     query tile b and kv head kvh for ONE tile, j = lo_b + base + i (lo_b: the first tile any
+//     of b's tokens sees), only for tiles b's tokens see (WorkList). It stages that tile per
+//     chain and computes every pair's partial with the block kernel's own code
+//     (tree_attention_block_tile.cuh), then writes it to the workspace (no merge).
 //   pass 2 (MergeKernel), one warp per (t, n): merges the round's partials in increasing tile
 //     order into the running (m, l, acc) exactly as TileStep (first non-empty tile copied,
 //     then MergeFactors / Merged), keeps it in the workspace between rounds, and after the last
 //     round writes out[t, n] = Normalised(acc, l).
 // Rounds of R tiles bound the workspace; the handler cannot see the tables, so it runs enough
 // rounds to cover `covered` tiles per block (SplitPlan). A block whose tokens' tiles span more
-// is left to FallbackKernel (the lanes kernel's warp, same bits): results never depend on the
-// bound, only the speed does.
+// is left to a fallback with the same bits: FallbackKernel (the lanes kernel's warp) in steps of
+// up to 64 tokens, BlockFallbackKernel (the block kernel) in larger ones. Results never depend
+// on the bound, only the speed does.
 //
 // Workspace (an f32 result of the call, sized by the Python wrapper): the state
 // [T * N][kRecord], then one round's partials [R][T * N][kRecord]. A record is acc [H] (dimension
@@ -31,6 +33,7 @@
 #include "cc/cuda_common.cuh"
 #include "cc/numerics.h"
 #include "cc/ops/tree_attention.h"
+#include "cc/ops/tree_attention_block.cuh"
 #include "cc/ops/tree_attention_block_tile.cuh"
 #include "cc/ops/tree_attention_lanes.cuh"
 
@@ -138,33 +141,98 @@ __device__ __forceinline__ void WriteEmpty(const Dims& dm, int64_t t0, int64_t k
   if (t < dm.t) slot_part[(t * dm.n + n) * Record<kH>() + kH + 2] = 0.0f;
 }
 
-// Pass 1 (see the top of this file). grid = (ceil(T / Qt), K, rd.slots), Qt = kPairs / G.
+// The round's work list, built by every block of pass 1 from the tables: query tile b has
+// ends[b] - ends[b - 1] tiles in this round (its span's tiles from rd.base on, at most rd.slots;
+// none when the tile is the fallback's), the first of them first[b]. Items (tile, kv head) are
+// numbered tile-major, so the grid only ever sees tiles that exist: no empty blocks over the
+// pool's capacity (decode steps and short prefixes paid for those).
+constexpr int kMaxQueryTiles = 256;  // ceil(T / Qt) of a split step (the handler checks)
+struct WorkList {
+  int32_t ends[kMaxQueryTiles];   // inclusive prefix sums of the tiles per query tile
+  int32_t first[kMaxQueryTiles];  // absolute index of the query tile's first tile this round
+};
+
+// Block-wide; ends with a barrier. The prefix sum is warp 0's: kMaxQueryTiles / 32 entries
+// per lane summed serially, then an inclusive shuffle scan over the lanes.
+__device__ __forceinline__ void BuildWorkList(const Dims& dm, const Tables& tb, int32_t window,
+                                              int qt, int nb, const Round& rd, WorkList* wl) {
+  for (int b = static_cast<int>(threadIdx.x); b < nb; b += static_cast<int>(blockDim.x)) {
+    const Span sp = BlockSpan(dm, tb, window, static_cast<int64_t>(b) * qt, qt);
+    const int64_t left = sp.hi - (sp.lo + rd.base) + 1;
+    const int64_t n = Overflows(sp, rd) || left < 0 ? 0 : (left < rd.slots ? left : rd.slots);
+    wl->ends[b] = static_cast<int32_t>(n);
+    wl->first[b] = static_cast<int32_t>(sp.lo + rd.base);
+  }
+  __syncthreads();
+  constexpr int kPerLane = kMaxQueryTiles / kWarpSize;
+  if (threadIdx.x < kWarpSize) {
+    const int lane = static_cast<int>(threadIdx.x), b0 = lane * kPerLane;
+    int32_t sum = 0;
+    for (int b = b0; b < b0 + kPerLane && b < nb; ++b) sum += wl->ends[b];
+    int32_t before = sum;  // inclusive scan of the lanes' sums
+#pragma unroll
+    for (int off = 1; off < kWarpSize; off *= 2) {
+      const int32_t v = __shfl_up_sync(kFullMask, before, off);
+      if (lane >= off) before += v;
+    }
+    int32_t run = before - sum;  // exclusive: the tiles of the lanes below
+    for (int b = b0; b < b0 + kPerLane && b < nb; ++b) {
+      run += wl->ends[b];
+      wl->ends[b] = run;
+    }
+  }
+  __syncthreads();
+}
+
+// The query tile holding work position pos (< ends[nb - 1]): the first b with ends[b] > pos.
+__device__ __forceinline__ int QueryTileOf(const WorkList& wl, int nb, int64_t pos) {
+  int lo = 0, hi = nb - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (wl.ends[mid] > pos) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
+// Pass 1 (see the top of this file): a persistent grid over the round's work list; item
+// (pos, kvh) is query tile b's tile first[b] + i, i = pos - ends[b - 1], into slot i.
 template <typename Q, typename KV, int kH, int kPW>
 __global__ void __launch_bounds__(block::kThreads, kH <= 128 ? 2 : 1)
     PartialKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
                   const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale, int32_t window,
                   Round rd, float* __restrict__ part) {
   using S = block::Shape<kH, kPW>;
-  const int g_count = static_cast<int>(dm.n / dm.k), qt = S::kPairs / g_count;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * qt, kvh = blockIdx.y;
-  const Span sp = BlockSpan(dm, tb, window, t0, qt);
-  const int64_t j = sp.lo + rd.base + blockIdx.z;
-  if (j > sp.hi || Overflows(sp, rd)) return;  // uniform: no tile here, or the fallback's block
-
   extern __shared__ __align__(16) float smem[];
   __shared__ block::BlockInfo info;
+  __shared__ WorkList wl;
+  const int g_count = static_cast<int>(dm.n / dm.k), qt = S::kPairs / g_count;
+  const int nb = static_cast<int>((dm.t + qt - 1) / qt);
+  BuildWorkList(dm, tb, window, qt, nb, rd, &wl);
+  const int64_t items = static_cast<int64_t>(wl.ends[nb - 1]) * dm.k;
   const block::Smem sm = block::CarveSmem<kH, kPW>(smem);
-  block::SetupBlock<Q, kH, kPW>(q, dm, tb, window, t0, kvh, sm, &info);
-  float* slot_part = part + static_cast<int64_t>(blockIdx.z) * dm.t * dm.n * Record<kH>();
-  unsigned done = 0;  // bit i: the warp's pair i has a partial in this tile
-  for (int ci = 0; ci < info.n_chains; ++ci) {
-    if (j < sm.chains[ci].lo || j > sm.chains[ci].hi) continue;  // uniform (shared memory)
-    block::StageTile<KV, kH, kPW>(k_pool, v_pool, dm, tb, window, kvh, j, ci, qt, sm);
-    block::Partials<kH, kPW> pt;
-    block::TilePartials<kH, kPW>(sm, j, ci, window, scale, g_count, &pt);
-    WritePartials<kH, kPW>(pt, dm, t0, kvh, g_count, slot_part, &done);
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {  // uniform
+    const int64_t pos = item / dm.k, kvh = item % dm.k;
+    const int b = QueryTileOf(wl, nb, pos);
+    const int64_t i = pos - (b > 0 ? wl.ends[b - 1] : 0), j = wl.first[b] + i;
+    const int64_t t0 = static_cast<int64_t>(b) * qt;
+    __syncthreads();  // every warp is done with the previous item's shared memory and info
+    block::SetupBlock<Q, kH, kPW>(q, dm, tb, window, t0, kvh, sm, &info);
+    float* slot_part = part + i * dm.t * dm.n * Record<kH>();
+    unsigned done = 0;  // bit i: the warp's pair i has a partial in this tile
+    const int nc = info.n_chains;
+    for (int ci = 0; ci < nc; ++ci) {
+      if (j < sm.chains[ci].lo || j > sm.chains[ci].hi) continue;  // uniform (shared memory)
+      block::StageTile<KV, kH, kPW>(k_pool, v_pool, dm, tb, window, kvh, j, ci, qt, sm);
+      block::Partials<kH, kPW> pt;
+      block::TilePartials<kH, kPW>(sm, j, ci, window, scale, g_count, &pt);
+      WritePartials<kH, kPW>(pt, dm, t0, kvh, g_count, slot_part, &done);
+    }
+    WriteEmpty<kH, kPW>(dm, t0, kvh, g_count, slot_part, done);
   }
-  WriteEmpty<kH, kPW>(dm, t0, kvh, g_count, slot_part, done);
 }
 
 // A pair's running state: m and l (equal on every lane) and the lane's dimensions of acc.
@@ -251,6 +319,24 @@ __global__ void __launch_bounds__(lanes::kWarps * kWarpSize)
   const int lane = static_cast<int>(threadIdx.x % kWarpSize);
   lanes::AttendWarp<Q, KV, kH>(q, k_pool, v_pool, dm, tb, scale, window, w, lane,
                                &scratch[wib], out);
+}
+
+// Query tiles beyond the rounds' coverage in a step of more than kBlockMinTokens tokens (a
+// forest or prefix whose keys lie beyond what the workspace covers): the block kernel, which is
+// what such steps took before the split existed. grid = (ceil(T / Qt), K).
+template <typename Q, typename KV, int kH, int kPW>
+__global__ void __launch_bounds__(block::kThreads, kH <= 128 ? 2 : 1)
+    BlockFallbackKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
+                        const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale,
+                        int32_t window, Round rd, Q* __restrict__ out) {
+  using S = block::Shape<kH, kPW>;
+  const int qt = S::kPairs / static_cast<int>(dm.n / dm.k);
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * qt;
+  if (!Overflows(BlockSpan(dm, tb, window, t0, qt), rd)) return;  // uniform: split's tile
+  extern __shared__ __align__(16) float smem[];
+  __shared__ block::BlockInfo info;
+  block::AttendBlock<Q, KV, kH, kPW>(q, k_pool, v_pool, dm, tb, scale, window, blockIdx.x,
+                                     blockIdx.y, smem, info, out);
 }
 
 // Host: the round size and count. The handler cannot read the tables, so the rounds cover a

@@ -306,7 +306,7 @@ def tree_attention(
 # the step allocates: an XLA result, so XLA plans the memory with the executable's own (reused
 # across layers) and the call stays capturable in a CUDA graph, where scratch memory allocated
 # inside a handler would not be. Mirrors of its constants:
-SPLIT_MAX_TOKENS = 64  # kBlockMinTokens: steps of up to this many tokens take the split kernel
+SPLIT_MAX_TOKENS = 512  # kSplitMaxTokens: steps of up to this many tokens take the split kernel
 SPLIT_RECORD_TAIL = 4  # kTail: floats after a record's H accumulators (m, l, seen, padding)
 SPLIT_BUDGET_BYTES = 256 << 20  # kScratchBudget: one round's partials at most
 

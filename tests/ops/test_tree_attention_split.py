@@ -70,6 +70,20 @@ def test_split_kernel_short_step_on_long_state_bitwise(
     assert_same_kernels(results, kernels, f"long state H={h} tiles={tiles!r}")
 
 
+@pytest.mark.parametrize("h", [128, 256])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("window", [0, 1000])
+@pytest.mark.parametrize("tiles", ["", "2"], indirect=True)
+def test_split_kernel_prefix_chunk_on_long_state_bitwise(
+    gpu, rng, monkeypatch, h, dtype, window, tiles
+):
+    """A 200-token chunk after a ~2.4K-key prefix in a step of T = 256 (a forest or prefill
+    step after a prefix-cache hit): the split kernel's larger steps, automatic choice included."""
+    kernels = ("warp", "split", "")
+    results = long_state_runs(gpu, rng, monkeypatch, kernels, h, dtype, window, 200, 256)
+    assert_same_kernels(results, kernels, f"chunk of 200 H={h} tiles={tiles!r}")
+
+
 def decode_chains(rng, pool, n_rows, blind):
     """One-token chains (decode rows) of different lengths over a shared root; the first `blind`
     rows sit on chains whose pages are all out of range, so they see no key (exact zeros)."""
@@ -130,10 +144,13 @@ def test_split_kernel_decode_rows_bitwise(gpu, rng, monkeypatch, h, nh, dtype, w
 
 @pytest.mark.parametrize("h", [64, 128, 256])
 @pytest.mark.parametrize("window", [0, 45])
-def test_split_kernel_positions_past_the_pool_bitwise(gpu, rng, monkeypatch, h, window):
+@pytest.mark.parametrize("near_tokens,pad_to", [(40, 64), (150, 200)])
+def test_split_kernel_positions_past_the_pool_bitwise(
+    gpu, rng, monkeypatch, h, window, near_tokens, pad_to
+):
     """A chain whose positions start past P * L (legal: positions are logical) spans more tiles
-    than the handler's bound: its blocks take the fallback, next to ordinary chains' blocks that
-    take the split passes, in one step."""
+    than the handler's bound: its blocks take the fallback (the lanes warp at T <= 64, the block
+    kernel above), next to ordinary chains' blocks that take the split passes, in one step."""
     nh, kh, dtype = 4, 2, jnp.bfloat16
     far = P * L + 77
     world = make_world(rng, far + 20, nh, kh, h, dtype)
@@ -141,11 +158,11 @@ def test_split_kernel_positions_past_the_pool_bitwise(gpu, rng, monkeypatch, h, 
     kernels = ("warp", "split")
 
     def step(pool):
-        near, remote = [pool.segment(0, 40)], [pool.segment(far, 20)]
-        tokens = [(near, world, p) for p in range(40)]
+        near, remote = [pool.segment(0, near_tokens)], [pool.segment(far, 20)]
+        tokens = [(near, world, p) for p in range(near_tokens)]
         tokens += [(remote, world, far + p) for p in range(20)]
         order = np.random.default_rng(seed).permutation(len(tokens))
-        return run_step(gpu, pool, [tokens[i] for i in order], window=window, pad_to=64)
+        return run_step(gpu, pool, [tokens[i] for i in order], window=window, pad_to=pad_to)
 
     results = forced_runs(
         gpu, monkeypatch, kernels, lambda: Pool(np.random.default_rng(seed), kh, h, dtype), [step]
@@ -159,11 +176,14 @@ def test_workspace_holds_the_pool_within_the_budget(monkeypatch):
     monkeypatch.delenv("PRISM_TREE_ATTENTION_KERNEL", raising=False)
     record = 64 * 32 * (128 + SPLIT_RECORD_TAIL)
     assert split_workspace_floats((64, 32, 128), (320, 16, 16, 128)) == record * (1 + 80)
-    assert split_workspace_floats((65, 32, 128), (320, 16, 16, 128)) == 1
+    assert split_workspace_floats((513, 32, 128), (320, 16, 16, 128)) == 1
+    record512 = 512 * 32 * (128 + SPLIT_RECORD_TAIL)  # the largest split step: budget-bound
+    tiles = SPLIT_BUDGET_BYTES // (4 * record512)
+    assert split_workspace_floats((512, 32, 128), (320, 16, 16, 128)) == record512 * (1 + tiles)
     big = split_workspace_floats((64, 32, 128), (1 << 20, 16, 16, 128))
     assert big == record * (1 + SPLIT_BUDGET_BYTES // (4 * record)), big
     monkeypatch.setenv("PRISM_TREE_ATTENTION_KERNEL", "split")
-    assert split_workspace_floats((65, 2, 64), (8, 16, 2, 64)) == 65 * 2 * 68 * (1 + 2)
+    assert split_workspace_floats((600, 2, 64), (8, 16, 2, 64)) == 600 * 2 * 68 * (1 + 2)
 
 
 def test_forced_split_without_workspace_is_an_error(gpu, monkeypatch):

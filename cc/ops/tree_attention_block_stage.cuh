@@ -1,0 +1,234 @@
+// Tree attention, the staging half of the block machinery (tree_attention_block_tile.cuh has
+// the per-tile arithmetic): the block's shape, shared-memory layout, token and chain tables, q
+// of every pair, and one key tile's K/V rows staged in shared memory as f32. Shared by the
+// block kernel (tree_attention_block.cuh) and the split kernel's pass 1.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cc/cuda_common.cuh"
+#include "cc/numerics.h"
+#include "cc/ops/tree_attention.h"
+
+namespace prism {
+namespace block {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * kWarpSize;
+constexpr int kLoadBatch = 4;  // 16-byte K and V chunks per thread in flight together
+
+constexpr int Log2(int v) { return v <= 1 ? 0 : 1 + Log2(v / 2); }
+constexpr int BitReverse(int v, int bits) {
+  return bits == 0 ? 0 : ((v & 1) << (bits - 1)) | BitReverse(v >> 1, bits - 1);
+}
+
+template <int kH, int kPW>
+struct Shape {
+  static_assert(kH == 64 || kH == 128 || kH == 256, "block kernel: H in {64, 128, 256}");
+  static constexpr int kParts = kH / kVec;          // canonical lanes holding elements
+  static constexpr int kLog = Log2(kParts);         // butterfly levels that add two partials
+  static constexpr int kDims = kH / kWarpSize;      // output dimensions per lane
+  static constexpr int kPairs = kWarps * kPW;       // (token, q head) pairs per block
+  static constexpr int kRow = kH + 4;               // smem K/V row stride in floats: the 8
+                                                    // lanes of a 16-byte phase hit 8 bank groups
+  // Dynamic shared memory: K, V tiles [64][kRow], q [kPairs][kH], scores [kPairs][64] (f32),
+  // then the tile's rows [64] (int64) and the token table (Token) per block token.
+  static constexpr size_t kFloats = 2 * kAttnTile * kRow + kPairs * kH + kPairs * kAttnTile;
+};
+
+// One block token: position, chain index into the block's chain list (-1: padding or past T).
+struct Token {
+  int32_t pos, ci;
+};
+// One distinct chain of the block: id and the range of tiles its tokens see.
+struct ChainRange {
+  int32_t chain;
+  int64_t lo, hi;
+};
+
+template <typename KV>
+struct Raw;  // 16 bytes of pool elements
+template <>
+struct Raw<float> {
+  static constexpr int kEl = 4;
+};
+template <>
+struct Raw<uint16_t> {
+  static constexpr int kEl = 8;
+};
+
+__device__ __forceinline__ void StoreF32(float* dst, const uint4& u, const float*) {
+  *reinterpret_cast<float4*>(dst) =
+      make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z),
+                  __uint_as_float(u.w));
+}
+__device__ __forceinline__ void StoreF32(float* dst, const uint4& u, const uint16_t*) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+  float f[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // little-endian: element 2i is the low half
+    f[2 * i] = Bf16ToF32(static_cast<uint16_t>(w[i] & 0xffffu));
+    f[2 * i + 1] = Bf16ToF32(static_cast<uint16_t>(w[i] >> 16));
+  }
+  reinterpret_cast<float4*>(dst)[0] = make_float4(f[0], f[1], f[2], f[3]);
+  reinterpret_cast<float4*>(dst)[1] = make_float4(f[4], f[5], f[6], f[7]);
+}
+
+// The tile's K and V rows (rows[x] >= 0) into smem as f32; 16-byte coalesced global loads,
+// kLoadBatch chunks of each in flight per thread.
+template <typename KV, int kH, int kPW>
+__device__ __forceinline__ void LoadTile(const KV* k_pool, const KV* v_pool, int64_t stride,
+                                         int64_t kvh, const int64_t* rows, float* kt, float* vt) {
+  using S = Shape<kH, kPW>;
+  constexpr int kEl = Raw<KV>::kEl, kPerRow = kH / kEl;
+  constexpr int kIters = kAttnTile * kPerRow / kThreads;
+  static_assert(kIters % kLoadBatch == 0 || kIters < kLoadBatch, "load batches tile the tile");
+  constexpr int kBatch = kIters < kLoadBatch ? kIters : kLoadBatch;
+#pragma unroll 1
+  for (int b0 = 0; b0 < kIters; b0 += kBatch) {
+    uint4 kr[kBatch], vr[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int idx = static_cast<int>(threadIdx.x) + (b0 + u) * kThreads;
+      const int64_t r = rows[idx / kPerRow];
+      if (r >= 0) {
+        const int64_t off = r * stride + kvh * kH + (idx % kPerRow) * kEl;
+        kr[u] = *reinterpret_cast<const uint4*>(k_pool + off);
+        vr[u] = *reinterpret_cast<const uint4*>(v_pool + off);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int idx = static_cast<int>(threadIdx.x) + (b0 + u) * kThreads;
+      const int x = idx / kPerRow, d = (idx % kPerRow) * kEl;
+      if (rows[x] >= 0) {
+        StoreF32(kt + x * S::kRow + d, kr[u], k_pool);
+        StoreF32(vt + x * S::kRow + d, vr[u], v_pool);
+      }
+    }
+  }
+}
+
+// Dynamic shared memory bytes of one block.
+template <int kH, int kPW>
+constexpr size_t SmemBytes() {
+  using S = Shape<kH, kPW>;
+  return S::kFloats * sizeof(float) + kAttnTile * sizeof(int64_t) +
+         S::kPairs * (sizeof(Token) + sizeof(ChainRange));
+}
+
+// The block's views of its dynamic shared memory (layout: Shape::kFloats, then rows, tokens,
+// chains), plus what thread 0 computes from the token table.
+struct Smem {
+  float *kt, *vt, *qs, *sc;  // K, V tiles [64][kRow]; q [kPairs][kH]; scores [kPairs][64]
+  int64_t* rows;             // [64] pool row of each tile position (-1: not loaded)
+  Token* toks;               // [Qt]
+  ChainRange* chains;        // [Qt] distinct chains, in order of first appearance
+};
+struct BlockInfo {
+  int n_chains;
+  int64_t j_lo, j_hi;  // tiles any of the block's tokens sees (j_hi < j_lo: none)
+};
+
+template <int kH, int kPW>
+__device__ __forceinline__ Smem CarveSmem(float* smem) {
+  using S = Shape<kH, kPW>;
+  Smem sm;
+  sm.kt = smem;
+  sm.vt = sm.kt + kAttnTile * S::kRow;
+  sm.qs = sm.vt + kAttnTile * S::kRow;
+  sm.sc = sm.qs + S::kPairs * kH;
+  sm.rows = reinterpret_cast<int64_t*>(sm.sc + S::kPairs * kAttnTile);
+  sm.toks = reinterpret_cast<Token*>(sm.rows + kAttnTile);
+  sm.chains = reinterpret_cast<ChainRange*>(sm.toks + S::kPairs);
+  return sm;
+}
+
+// Thread 0: the block's distinct chains in order of first appearance, each with the range of
+// tiles its tokens see, and the block's whole range; toks[i].ci becomes the chain's index.
+__device__ __forceinline__ void ListChains(const Smem& sm, int qt, int32_t window,
+                                           BlockInfo* info) {
+  int nc = 0;
+  int64_t lo = 0, hi = -1;
+  for (int i = 0; i < qt; ++i) {
+    const int32_t chain = sm.toks[i].ci;
+    if (chain < 0) continue;
+    const int64_t pos = sm.toks[i].pos, a = FirstTile(pos, window), b = LastTile(pos);
+    int c = 0;
+    while (c < nc && sm.chains[c].chain != chain) ++c;
+    if (c == nc) {
+      sm.chains[nc++] = {chain, a, b};
+    } else {
+      sm.chains[c].lo = a < sm.chains[c].lo ? a : sm.chains[c].lo;
+      sm.chains[c].hi = b > sm.chains[c].hi ? b : sm.chains[c].hi;
+    }
+    sm.toks[i].ci = c;
+    lo = hi < lo ? a : (a < lo ? a : lo);
+    hi = b > hi ? b : hi;
+  }
+  info->n_chains = nc;
+  info->j_lo = lo;
+  info->j_hi = hi;
+}
+
+// Block-wide (every thread calls it): the token table, q of every pair as f32 (pair p = token
+// p / G, head kvh * G + p % G: G * H contiguous) and the chain list. Ends with a barrier.
+template <typename Q, int kH, int kPW>
+__device__ __forceinline__ void SetupBlock(const Q* q, const Dims& dm, const Tables& tb,
+                                           int32_t window, int64_t t0, int64_t kvh,
+                                           const Smem& sm, BlockInfo* info) {
+  using S = Shape<kH, kPW>;
+  const int g_count = static_cast<int>(dm.n / dm.k), qt = S::kPairs / g_count;
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid < qt) {
+    const int64_t t = t0 + tid;
+    const int32_t pos = t < dm.t ? tb.positions[t] : -1;
+    const int32_t chain = t < dm.t ? tb.chain_of[t] : -1;
+    sm.toks[tid] = {pos, pos >= 0 && chain >= 0 && chain < dm.c ? chain : -1};
+  }
+  for (int i = tid; i < S::kPairs * kH; i += kThreads) {
+    const int p = i / kH;
+    const int64_t t = t0 + p / g_count, n = kvh * g_count + p % g_count;
+    sm.qs[i] = t < dm.t ? ToF32(q[(t * dm.n + n) * kH + i % kH]) : 0.0f;
+  }
+  __syncthreads();
+  if (tid == 0) ListChains(sm, qt, window, info);
+  __syncthreads();
+}
+
+// Block-wide: tile j's rows for chain ci (positions a token of that chain sees), and the K, V
+// rows staged in smem. Starts with a barrier (every warp is done with the previous tile) and
+// ends with one (the tile is ready).
+template <typename KV, int kH, int kPW>
+__device__ __forceinline__ void StageTile(const KV* k_pool, const KV* v_pool, const Dims& dm,
+                                          const Tables& tb, int32_t window, int64_t kvh,
+                                          int64_t j, int ci, int qt, const Smem& sm) {
+  const int tid = static_cast<int>(threadIdx.x);
+  __syncthreads();
+  if (tid < kAttnTile) {
+    const int64_t p = j * kAttnTile + tid;
+    const int32_t* seg = tb.segs + static_cast<int64_t>(sm.chains[ci].chain) * dm.s * kSegFields;
+    int64_t r = KeyRow(seg, dm.s, tb.pages_flat, dm.pt, dm.p, dm.l, p);
+    bool seen = false;
+    for (int i = 0; i < qt && r >= 0 && !seen; ++i) {
+      seen = sm.toks[i].ci == ci && KeyVisible(p, sm.toks[i].pos, window);
+    }
+    sm.rows[tid] = seen ? r : -1;
+  }
+  __syncthreads();
+  LoadTile<KV, kH, kPW>(k_pool, v_pool, dm.k * kH, kvh, sm.rows, sm.kt, sm.vt);
+  __syncthreads();
+}
+
+// One tile's partials of a warp's kPW pairs: mask (bit x: position j * 64 + x visible, uniform
+// per warp; 0: no partial), mt, lt (equal on every lane) and acct (the lane's dimensions).
+template <int kH, int kPW>
+struct Partials {
+  uint64_t mask[kPW];
+  float mt[kPW], lt[kPW], acct[kPW][Shape<kH, kPW>::kDims];
+};
+
+}  // namespace block
+}  // namespace prism
