@@ -136,9 +136,48 @@ def host_rows(trace_dir: pathlib.Path, runs: int, top: int = 20) -> list[dict]:
     ]
 
 
-def gaps(trace_dir: pathlib.Path, runs: int, split_ms: float = 1.0) -> list[dict]:
+def annotations(trace_dir: pathlib.Path, prefix: str) -> list[tuple[float, float]]:
+    """(start_ns, end_ns) of the host's TraceAnnotation events whose name starts with prefix."""
+    spans = []
+    for plane in _planes(trace_dir):
+        if plane.name == "/host:CPU":
+            for line in plane.lines:
+                spans += [(e.start_ns, e.end_ns) for e in line.events if e.name.startswith(prefix)]
+    return sorted(spans)
+
+
+def bounds_rows(events, runs_spans: list[tuple[float, float]]) -> list[dict]:
+    """Per annotated run: host time before its first kernel starts (lead: host prep, input
+    transfers, the launch of the first thunks) and after its last kernel ends (tail: the
+    readout's transfer back and the host's post-processing), in ms, averaged over runs."""
+    leads, tails, walls = [], [], []
+    for start, end in runs_spans:
+        inside = [(a, b) for a, b, _ in events if start <= a and b <= end]
+        if not inside:
+            continue
+        leads.append(min(a for a, _ in inside) - start)
+        tails.append(end - max(b for _, b in inside))
+        walls.append(end - start)
+    if not walls:
+        return []
+    n = len(walls)
+    return [
+        {
+            "kind": "run_bounds",
+            "runs": n,
+            "wall_ms": sum(walls) / n / 1e6,
+            "lead_ms": sum(leads) / n / 1e6,
+            "tail_ms": sum(tails) / n / 1e6,
+        }
+    ]
+
+
+def gaps(trace_dir: pathlib.Path, runs: int, split_ms: float = 1.0, run_prefix: str = "prism "):
+    """Gap, run-bound and host rows of a trace (run_prefix: the annotation of each run)."""
     assert runs >= 1, "runs counts traced runs: at least 1"
-    return gap_rows(kernel_events(trace_dir), runs, split_ms * 1e6) + host_rows(trace_dir, runs)
+    events = kernel_events(trace_dir)
+    bounds = bounds_rows(events, annotations(trace_dir, run_prefix))
+    return gap_rows(events, runs, split_ms * 1e6) + bounds + host_rows(trace_dir, runs)
 
 
 def main(argv=None) -> None:

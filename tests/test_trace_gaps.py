@@ -6,7 +6,7 @@ import sys
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
-from trace_gaps import gap_rows  # noqa: E402
+from trace_gaps import bounds_rows, gap_rows  # noqa: E402
 
 US = 1e3  # ns
 
@@ -38,3 +38,13 @@ def test_gaps_split_steps_and_charge_pairs():
 
 def test_no_kernels_says_so():
     assert gap_rows([], runs=1, split_ns=1e6)[0]["source"] == "none"
+
+
+def test_run_bounds_measure_host_time_around_the_kernels():
+    events = [(10 * US, 20 * US, "a"), (25 * US, 30 * US, "b"), (110 * US, 120 * US, "c")]
+    (row,) = bounds_rows(events, [(0, 40 * US), (100 * US, 150 * US)])
+    assert row["runs"] == 2
+    assert row["lead_ms"] == pytest.approx((10 + 10) / 2 * 1e-3)
+    assert row["tail_ms"] == pytest.approx((10 + 30) / 2 * 1e-3)
+    assert row["wall_ms"] == pytest.approx((40 + 50) / 2 * 1e-3)
+    assert bounds_rows(events, [(200 * US, 300 * US)]) == []

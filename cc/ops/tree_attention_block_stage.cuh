@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cc/cuda_common.cuh"
 #include "cc/numerics.h"
@@ -76,11 +77,44 @@ __device__ __forceinline__ void StoreF32(float* dst, const uint4& u, const uint1
   reinterpret_cast<float4*>(dst)[1] = make_float4(f[4], f[5], f[6], f[7]);
 }
 
-// The tile's K and V rows (rows[x] >= 0) into smem as f32; 16-byte coalesced global loads,
-// kLoadBatch chunks of each in flight per thread.
+// 16 bytes global -> shared without a register round trip (sm_80+ cp.async; L2 only).
+__device__ __forceinline__ void CopyAsync16(float* dst, const float* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+
+// f32 pools: every chunk of the tile in flight at once (cp.async), then one wait.
+template <int kH, int kPW>
+__device__ __forceinline__ void LoadTileAsync(const float* k_pool, const float* v_pool,
+                                              int64_t stride, int64_t kvh, const int64_t* rows,
+                                              float* kt, float* vt) {
+  using S = Shape<kH, kPW>;
+  constexpr int kPerRow = kH / 4, kIters = kAttnTile * kPerRow / kThreads;
+#pragma unroll
+  for (int u = 0; u < kIters; ++u) {
+    const int idx = static_cast<int>(threadIdx.x) + u * kThreads;
+    const int x = idx / kPerRow, d = (idx % kPerRow) * 4;
+    const int64_t r = rows[x];
+    if (r >= 0) {
+      const int64_t off = r * stride + kvh * kH + d;
+      CopyAsync16(kt + x * S::kRow + d, k_pool + off);
+      CopyAsync16(vt + x * S::kRow + d, v_pool + off);
+    }
+  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+// The tile's K and V rows (rows[x] >= 0) into smem as f32: f32 pools by LoadTileAsync, bf16
+// pools (converted on the way) by 16-byte coalesced loads, kLoadBatch chunks of each in flight
+// per thread. The caller's barrier publishes the tile.
 template <typename KV, int kH, int kPW>
 __device__ __forceinline__ void LoadTile(const KV* k_pool, const KV* v_pool, int64_t stride,
                                          int64_t kvh, const int64_t* rows, float* kt, float* vt) {
+  if constexpr (std::is_same_v<KV, float>) {
+    LoadTileAsync<kH, kPW>(k_pool, v_pool, stride, kvh, rows, kt, vt);
+    return;
+  }
   using S = Shape<kH, kPW>;
   constexpr int kEl = Raw<KV>::kEl, kPerRow = kH / kEl;
   constexpr int kIters = kAttnTile * kPerRow / kThreads;

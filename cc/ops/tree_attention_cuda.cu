@@ -267,11 +267,10 @@ ffi::Error LaunchSplit(cudaStream_t stream, const Workspace& ws, const Q* q, con
   for (int64_t r = 0; r < plan.rounds; ++r) {
     const split::Round rd{r * plan.slots, plan.slots, covered};
     kernel<<<grid, block::kThreads, kSmem, stream>>>(q, k_pool, v_pool, dm, tb, scale, window,
-                                                     rd, plan.part);
+                                                     rd, plan.part, plan.table);
     split::MergeKernel<Q, kH><<<warps, split::kMergeWarps * kWarpSize, 0, stream>>>(
-        dm, tb, window, qt, rd, r == 0, r + 1 == plan.rounds, plan.part, plan.state, out);
+        dm, qt, rd, r == 0, r + 1 == plan.rounds, plan.part, plan.table, plan.state, out);
   }
-  const split::Round all{0, plan.slots, covered};
   if (big) {
     auto* fallback = split::BlockFallbackKernel<Q, KV, kH, kBlockPW>;
     static const cudaError_t fattr = cudaFuncSetAttribute(  // once per instantiation
@@ -279,11 +278,11 @@ ffi::Error LaunchSplit(cudaStream_t stream, const Workspace& ws, const Q* q, con
     PRISM_REQUIRE(fattr == cudaSuccess, "prism_tree_attention: fallback shared memory refused");
     const dim3 bgrid(static_cast<unsigned>(nb), static_cast<unsigned>(dm.k));
     fallback<<<bgrid, block::kThreads, kSmem, stream>>>(q, k_pool, v_pool, dm, tb, scale, window,
-                                                        all, out);
+                                                        plan.table, out);
   } else {
     static_assert(lanes::kWarps == split::kMergeWarps, "fallback and merge use the same grid");
     split::FallbackKernel<Q, KV, kH><<<warps, lanes::kWarps * kWarpSize, 0, stream>>>(
-        q, k_pool, v_pool, dm, tb, scale, window, qt, all, out);
+        q, k_pool, v_pool, dm, tb, scale, window, qt, plan.table, out);
   }
   return LaunchStatus("prism_tree_attention");
 }

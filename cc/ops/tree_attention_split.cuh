@@ -18,7 +18,8 @@
 // on the bound, only the speed does.
 //
 // Workspace (an f32 result of the call, sized by the Python wrapper): the state
-// [T * N][kRecord], then one round's partials [R][T * N][kRecord]. A record is acc [H] (dimension
+// [T * N][kRecord], then one round's partials [R][T * N][kRecord], then the span table
+// (kTableFloats int32 at the very end). A record is acc [H] (dimension
 // d at d), then mt (or m), lt (or l), seen (1: the tile had a visible key, 0: skip), padding.
 // Pass 1 writes every (slot, pair) of its block's span (acct only when seen); pass 2 reads only
 // slots inside its block's span, so nothing is cleared. Included by tree_attention_cuda.cu only.
@@ -141,6 +142,24 @@ __device__ __forceinline__ void WriteEmpty(const Dims& dm, int64_t t0, int64_t k
   if (t < dm.t) slot_part[(t * dm.n + n) * Record<kH>() + kH + 2] = 0.0f;
 }
 
+// The span table: per query tile b, its span's first and last tile and whether it is the
+// fallback's (kSpanFields int32 each, after the workspace's records). Pass 1's block 0 writes it
+// (every round writes the same values); the merge and fallback kernels read it instead of
+// walking the tile's tokens again in every warp.
+constexpr int kSpanFields = 3;
+__device__ __forceinline__ void StoreSpan(int32_t* table, int b, const Span& sp, bool over) {
+  table[kSpanFields * b] = static_cast<int32_t>(sp.lo);
+  table[kSpanFields * b + 1] = static_cast<int32_t>(sp.hi);
+  table[kSpanFields * b + 2] = over ? 1 : 0;
+}
+struct TileSpan {
+  int64_t lo, hi;
+  bool over;
+};
+__device__ __forceinline__ TileSpan LoadSpan(const int32_t* table, int64_t b) {
+  return {table[kSpanFields * b], table[kSpanFields * b + 1], table[kSpanFields * b + 2] != 0};
+}
+
 // The round's work list, built by every block of pass 1 from the tables: query tile b has
 // ends[b] - ends[b - 1] tiles in this round (its span's tiles from rd.base on, at most rd.slots;
 // none when the tile is the fallback's), the first of them first[b]. Items (tile, kv head) are
@@ -155,11 +174,14 @@ struct WorkList {
 // Block-wide; ends with a barrier. The prefix sum is warp 0's: kMaxQueryTiles / 32 entries
 // per lane summed serially, then an inclusive shuffle scan over the lanes.
 __device__ __forceinline__ void BuildWorkList(const Dims& dm, const Tables& tb, int32_t window,
-                                              int qt, int nb, const Round& rd, WorkList* wl) {
+                                              int qt, int nb, const Round& rd, WorkList* wl,
+                                              int32_t* table) {
   for (int b = static_cast<int>(threadIdx.x); b < nb; b += static_cast<int>(blockDim.x)) {
     const Span sp = BlockSpan(dm, tb, window, static_cast<int64_t>(b) * qt, qt);
+    const bool over = Overflows(sp, rd);
+    if (table != nullptr) StoreSpan(table, b, sp, over);
     const int64_t left = sp.hi - (sp.lo + rd.base) + 1;
-    const int64_t n = Overflows(sp, rd) || left < 0 ? 0 : (left < rd.slots ? left : rd.slots);
+    const int64_t n = over || left < 0 ? 0 : (left < rd.slots ? left : rd.slots);
     wl->ends[b] = static_cast<int32_t>(n);
     wl->first[b] = static_cast<int32_t>(sp.lo + rd.base);
   }
@@ -204,14 +226,14 @@ template <typename Q, typename KV, int kH, int kPW>
 __global__ void __launch_bounds__(block::kThreads, kH <= 128 ? 2 : 1)
     PartialKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
                   const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale, int32_t window,
-                  Round rd, float* __restrict__ part) {
+                  Round rd, float* __restrict__ part, int32_t* __restrict__ table) {
   using S = block::Shape<kH, kPW>;
   extern __shared__ __align__(16) float smem[];
   __shared__ block::BlockInfo info;
   __shared__ WorkList wl;
   const int g_count = static_cast<int>(dm.n / dm.k), qt = S::kPairs / g_count;
   const int nb = static_cast<int>((dm.t + qt - 1) / qt);
-  BuildWorkList(dm, tb, window, qt, nb, rd, &wl);
+  BuildWorkList(dm, tb, window, qt, nb, rd, &wl, blockIdx.x == 0 ? table : nullptr);
   const int64_t items = static_cast<int64_t>(wl.ends[nb - 1]) * dm.k;
   const block::Smem sm = block::CarveSmem<kH, kPW>(smem);
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {  // uniform
@@ -261,16 +283,16 @@ __device__ __forceinline__ void MergeTile(const float4& tail, const float (&acct
 // Pass 2 (see the top of this file): one warp per (t, n), kMergeWarps per block.
 template <typename Q, int kH>
 __global__ void __launch_bounds__(kMergeWarps * kWarpSize)
-    MergeKernel(Dims dm, Tables tb, int32_t window, int qt, Round rd, bool first_round,
-                bool last_round, const float* __restrict__ part, float* __restrict__ state,
-                Q* __restrict__ out) {
+    MergeKernel(Dims dm, int qt, Round rd, bool first_round, bool last_round,
+                const float* __restrict__ part, const int32_t* __restrict__ table,
+                float* __restrict__ state, Q* __restrict__ out) {
   constexpr int kDims = kH / kWarpSize;
   const int64_t w = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / kWarpSize;
   if (w >= dm.t * dm.n) return;  // uniform per warp; no block barrier
   const int lane = static_cast<int>(threadIdx.x % kWarpSize);
   const int64_t t = w / dm.n;
-  const Span sp = BlockSpan(dm, tb, window, t / qt * qt, qt);
-  if (Overflows(sp, rd)) return;  // the fallback writes out[t, n]
+  const TileSpan sp = LoadSpan(table, t / qt);
+  if (sp.over) return;  // the fallback writes out[t, n]
   State<kH> st = {};
   float* srec = state + w * Record<kH>();
   if (!first_round) {
@@ -309,13 +331,14 @@ template <typename Q, typename KV, int kH>
 __global__ void __launch_bounds__(lanes::kWarps * kWarpSize)
     FallbackKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
                    const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale,
-                   int32_t window, int qt, Round rd, Q* __restrict__ out) {
+                   int32_t window, int qt, const int32_t* __restrict__ table,
+                   Q* __restrict__ out) {
   __shared__ lanes::TileScratch scratch[lanes::kWarps];
   const int wib = static_cast<int>(threadIdx.x / kWarpSize);
   const int64_t w = static_cast<int64_t>(blockIdx.x) * lanes::kWarps + wib;
   if (w >= dm.t * dm.n) return;  // uniform per warp
   const int64_t t = w / dm.n;
-  if (!Overflows(BlockSpan(dm, tb, window, t / qt * qt, qt), rd)) return;
+  if (!LoadSpan(table, t / qt).over) return;
   const int lane = static_cast<int>(threadIdx.x % kWarpSize);
   lanes::AttendWarp<Q, KV, kH>(q, k_pool, v_pool, dm, tb, scale, window, w, lane,
                                &scratch[wib], out);
@@ -328,11 +351,9 @@ template <typename Q, typename KV, int kH, int kPW>
 __global__ void __launch_bounds__(block::kThreads, kH <= 128 ? 2 : 1)
     BlockFallbackKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
                         const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale,
-                        int32_t window, Round rd, Q* __restrict__ out) {
-  using S = block::Shape<kH, kPW>;
-  const int qt = S::kPairs / static_cast<int>(dm.n / dm.k);
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * qt;
-  if (!Overflows(BlockSpan(dm, tb, window, t0, qt), rd)) return;  // uniform: split's tile
+                        int32_t window, const int32_t* __restrict__ table,
+                        Q* __restrict__ out) {
+  if (!LoadSpan(table, blockIdx.x).over) return;  // uniform: the split's query tile
   extern __shared__ __align__(16) float smem[];
   __shared__ block::BlockInfo info;
   block::AttendBlock<Q, KV, kH, kPW>(q, k_pool, v_pool, dm, tb, scale, window, blockIdx.x,
@@ -356,7 +377,9 @@ struct Plan {
   int64_t slots, rounds;  // slots == 0: the workspace holds no round (no split)
   float* state;           // [T * N][kRecord] running state, at the workspace's start
   float* part;            // [slots][T * N][kRecord] one round's partials, after it
+  int32_t* table;         // [kMaxQueryTiles][kSpanFields] span table, at the workspace's end
 };
+constexpr int64_t kTableFloats = kMaxQueryTiles * kSpanFields;  // SPLIT_TABLE_FLOATS
 
 // The round size is what the workspace holds (the Python wrapper sizes it: the pool's tiles
 // within a budget, prism_jax/ops/tree_attention.py split_workspace_floats), at most the bound.
@@ -365,14 +388,15 @@ inline Plan SplitPlan(const Dims& dm, int32_t window, int qt, float* ws, int64_t
   int64_t bound = CeilDiv(dm.p * dm.l, kAttnTile);
   if (window > 0) bound = std::min<int64_t>(bound, (window + qt - 2) / kAttnTile + 2);
   bound = std::max<int64_t>(bound, 1);
-  const int64_t fit = std::min(record > 0 ? ws_floats / record - 1 : 0, kMaxSlots);
-  if (fit < 1) return {0, 0, nullptr, nullptr};
+  const int64_t usable = ws_floats - kTableFloats;  // records; the span table at the end
+  const int64_t fit = std::min(record > 0 && usable > 0 ? usable / record - 1 : 0, kMaxSlots);
+  if (fit < 1) return {0, 0, nullptr, nullptr, nullptr};
   const char* env = std::getenv("PRISM_TREE_ATTENTION_SPLIT_TILES");
   const int64_t forced = env == nullptr ? 0 : std::atoll(env);
   const int64_t slots = std::min(forced > 0 ? forced : bound, fit);
   const int64_t needed = CeilDiv(bound, slots);
   const int64_t rounds = forced > 0 ? needed : std::min(needed, kMaxRounds);
-  return {slots, rounds, ws, ws + record};
+  return {slots, rounds, ws, ws + record, reinterpret_cast<int32_t*>(ws + usable)};
 }
 
 }  // namespace split

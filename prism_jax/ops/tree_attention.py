@@ -308,13 +308,15 @@ def tree_attention(
 # inside a handler would not be. Mirrors of its constants:
 SPLIT_MAX_TOKENS = 512  # kSplitMaxTokens: steps of up to this many tokens take the split kernel
 SPLIT_RECORD_TAIL = 4  # kTail: floats after a record's H accumulators (m, l, seen, padding)
-SPLIT_BUDGET_BYTES = 256 << 20  # kScratchBudget: one round's partials at most
+SPLIT_BUDGET_BYTES = 512 << 20  # one round's partials at most (T = 256 on a 5K-key pool: 1 round)
+SPLIT_TABLE_FLOATS = 256 * 3  # kTableFloats: the span table at the workspace's end
 
 
 def split_workspace_floats(q_shape, pool_shape) -> int:
     """f32 elements of the split kernel's workspace for a step of q [T, N, H] on pools
     [P, L, K, H]: the running state per (token, head), then one record per (token, head) and key
-    tile for as many tiles as the pool can hold (within the budget). 1 (unused) for bigger steps,
+    tile for as many tiles as the pool can hold (within the budget), then the query tiles' span
+    table. 1 (unused) for bigger steps,
     which never take the split kernel unless PRISM_TREE_ATTENTION_KERNEL=split forces it."""
     t, n, h = q_shape
     forced = os.environ.get("PRISM_TREE_ATTENTION_KERNEL") == "split"
@@ -323,4 +325,4 @@ def split_workspace_floats(q_shape, pool_shape) -> int:
     record = t * n * (h + SPLIT_RECORD_TAIL)  # floats per key tile (and of the state)
     tiles = -(-pool_shape[0] * pool_shape[1] // ATTN_TILE)
     tiles = max(1, min(tiles, SPLIT_BUDGET_BYTES // (4 * record)))
-    return record * (1 + tiles)
+    return record * (1 + tiles) + SPLIT_TABLE_FLOATS

@@ -15,6 +15,7 @@ import pytest
 from prism_jax.ops.tree_attention import (
     SPLIT_BUDGET_BYTES,
     SPLIT_RECORD_TAIL,
+    SPLIT_TABLE_FLOATS,
     split_workspace_floats,
 )
 from tests.ops.test_tree_attention import (
@@ -172,18 +173,22 @@ def test_split_kernel_positions_past_the_pool_bitwise(
 
 def test_workspace_holds_the_pool_within_the_budget(monkeypatch):
     """The wrapper sizes the split kernel's workspace: state + one record per (token, head) per
-    key tile the pool can hold, capped by the budget; 1 float for steps the kernel never takes."""
+    key tile the pool can hold, capped by the budget, + the span table; 1 float for steps the
+    kernel never takes."""
     monkeypatch.delenv("PRISM_TREE_ATTENTION_KERNEL", raising=False)
+    table = SPLIT_TABLE_FLOATS
     record = 64 * 32 * (128 + SPLIT_RECORD_TAIL)
-    assert split_workspace_floats((64, 32, 128), (320, 16, 16, 128)) == record * (1 + 80)
+    assert split_workspace_floats((64, 32, 128), (320, 16, 16, 128)) == record * (1 + 80) + table
     assert split_workspace_floats((513, 32, 128), (320, 16, 16, 128)) == 1
     record512 = 512 * 32 * (128 + SPLIT_RECORD_TAIL)  # the largest split step: budget-bound
     tiles = SPLIT_BUDGET_BYTES // (4 * record512)
-    assert split_workspace_floats((512, 32, 128), (320, 16, 16, 128)) == record512 * (1 + tiles)
+    assert tiles < 80, "the 512-token step is meant to exercise the budget"
+    got = split_workspace_floats((512, 32, 128), (320, 16, 16, 128))
+    assert got == record512 * (1 + tiles) + table
     big = split_workspace_floats((64, 32, 128), (1 << 20, 16, 16, 128))
-    assert big == record * (1 + SPLIT_BUDGET_BYTES // (4 * record)), big
+    assert big == record * (1 + SPLIT_BUDGET_BYTES // (4 * record)) + table, big
     monkeypatch.setenv("PRISM_TREE_ATTENTION_KERNEL", "split")
-    assert split_workspace_floats((600, 2, 64), (8, 16, 2, 64)) == 600 * 2 * 68 * (1 + 2)
+    assert split_workspace_floats((600, 2, 64), (8, 16, 2, 64)) == 600 * 2 * 68 * (1 + 2) + table
 
 
 def test_forced_split_without_workspace_is_an_error(gpu, monkeypatch):
