@@ -5,8 +5,8 @@
 # Usage (device tool, after gpu_suite.sh's set-up or with PYTHONPATH set):
 #   OUT=dir PROBE_ARGS="--single-digit" bash benchmarks/launch_probe.sh
 # Optional: PROBES="default off all" (names below), PROBE_SCENARIOS, PROBE_TIMEOUT (s per probe).
-# Each probe writes $OUT/probe_<name>/ (e2e.jsonl, breakdown.jsonl, e2e.log) and, for the
-# default probe, the number of command buffers in the optimized forward HLO (hlo_summary.txt).
+# Each probe writes $OUT/probe_<name>/ (e2e.jsonl, breakdown.jsonl, e2e.log) and the number of
+# command buffers in its optimized forward HLO (hlo_summary.txt).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/launch_probe}
@@ -28,10 +28,7 @@ for probe in ${PROBES:-default off all}; do
   flags=$(flags_for "$probe") || exit 2
   dir=$OUT/probe_$probe
   mkdir -p "$dir"
-  dump=""
-  if [ "$probe" = default ]; then
-    dump="--xla_dump_to=/tmp/xla_dump_$probe --xla_dump_hlo_as_text"
-  fi
+  dump="--xla_dump_to=/tmp/xla_dump_$probe --xla_dump_hlo_as_text"
   echo "## probe $probe: XLA_FLAGS=$flags"
   # shellcheck disable=SC2086 (PROBE_ARGS is a list of arguments)
   XLA_FLAGS="$flags $dump" XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 \

@@ -144,15 +144,20 @@ cudaError_t LaunchSimt(cudaStream_t stream, const int8_t* x, const float* sx, co
 // M = 16: the decode kernel streamed gate_up at 2.3 TB/s where the swapped CUTLASS tile, at
 // M = 64 already, did 2.8 (it only gets faster with fewer tokens); M = 64: swapped tile best;
 // M = 1024: ping-pong 64x256 best or tied on three shapes of four; M = 4096: only 128x256 was
-// measured. M = 256 and 416 were not swept.
+// measured. M = 256 and 512 (2026-11-30, results/gemm_h200_session4/): at M = 512 the
+// 128x256 tile beat 128x128 on down (902 vs 784 TOP/s) and qkv (888 vs 865), tied on o and lost
+// on gate_up (991 vs 1033), so the bucket up to 512 splits by N; at M = 256, 128x128 stays.
 struct Bucket {
   int64_t max_m;
   int decode_rows;
   Sm90Tile tile;
+  int64_t max_n = INT64_MAX;  // the bucket applies only to N <= max_n
 };
 constexpr Bucket kBucketsF32[] = {
     {8, 32, Sm90Tile::kSwap128x64},
     {64, 0, Sm90Tile::kSwap128x64},
+    {256, 0, Sm90Tile::kCoop128x128},
+    {512, 0, Sm90Tile::kCoop128x256, 8192},
     {512, 0, Sm90Tile::kCoop128x128},
     {2048, 0, Sm90Tile::kPing64x256},
     {INT64_MAX, 0, Sm90Tile::kCoop128x256},
@@ -165,9 +170,9 @@ constexpr Bucket kBucketsBf16[] = {
 };
 
 template <size_t kCount>
-Bucket Pick(const Bucket (&table)[kCount], int64_t m) {
+Bucket Pick(const Bucket (&table)[kCount], int64_t m, int64_t n) {
   for (const Bucket& b : table) {
-    if (m <= b.max_m) return b;
+    if (m <= b.max_m && n <= b.max_n) return b;
   }
   return table[kCount - 1];
 }
@@ -199,7 +204,7 @@ ffi::Error Launch(cudaStream_t stream, const int8_t* x, const float* sx, const i
   Bucket choice;
   bool simt = false;
   if (!Forced(m, &choice, &simt)) {
-    choice = std::is_same_v<OutT, float> ? Pick(kBucketsF32, m) : Pick(kBucketsBf16, m);
+    choice = std::is_same_v<OutT, float> ? Pick(kBucketsF32, m, n) : Pick(kBucketsBf16, m, n);
   }
   cudaError_t e = cudaErrorNotSupported;
   if (!simt && k >= 16) {
