@@ -1,0 +1,91 @@
+"""Host dispatch cost of one engine step on the GPU, untraced: how long the host spends before
+the GPU can start (the step's lead), split into what the weights' argument count costs and what
+launching the forward's thunks costs.
+
+    python3 benchmarks/dispatch_probe.py [--preset gemma3-27b] [--runs 20] [--single-digit]
+
+Prints one JSON line per probe, medians over --runs calls after warm-up, in ms:
+  null_one_arg       jit(x + 1) on the step's packed int32 buffer: the floor of one call
+  null_all_weights   the same with every weight leaf passed too (what the forward receives)
+  forward            the engine's one-question forward: `return_ms` until the call returns to
+                     Python (its thunks launched), `done_ms` until its result is ready
+The difference between the two null calls is the per-argument cost of ~900 weight buffers; a
+forward whose return_ms is close to done_ms launches at the GPU's pace (host-bound launching).
+Needs a GPU for meaningful numbers; on the CPU it runs as a smoke test (--preset tiny).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from types import SimpleNamespace
+
+import jax
+import numpy as np
+from e2e_decide import PRESETS, build, scenarios  # benchmarks/ is sys.path[0] as a script
+
+from prism_jax.forest import build_forest
+from prism_jax.scheduler import place, plan_steps, release, step_arrays
+from prism_jax.step_buffers import forward_layout, pack
+
+
+def timed_call(fn, runs: int) -> tuple[float, float]:
+    """Median ms until fn() returns and until its result is ready (fn is warmed up first)."""
+    jax.block_until_ready(fn())
+    returned, done = [], []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        out = fn()
+        t1 = time.perf_counter()
+        jax.block_until_ready(out)
+        t2 = time.perf_counter()
+        returned.append(t1 - t0)
+        done.append(t2 - t0)
+    return 1e3 * statistics.median(returned), 1e3 * statistics.median(done)
+
+
+def one_question_arrays(engine, scenario):
+    forest = build_forest(scenario.questions, engine.root_len)
+    placements = place(forest, engine.cache)
+    (plan,) = plan_steps(forest, placements, 2048)
+    arrays = step_arrays(forest, placements, plan, engine.engine_config, engine.pool.num_pages)
+    return arrays, placements
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="gemma3-27b")
+    p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--single-digit", action="store_true")
+    args = p.parse_args(argv)
+    config = PRESETS[args.preset]
+    if args.single_digit:
+        config = config.replace(int8_two_digit_rows=(), int8_two_digit_weights=())
+    setup = SimpleNamespace(seed=0, kv_pages=320, token_buckets=(64, 256, 512, 2048))
+    setup.no_baseline = True
+    engine, _ = build(config, setup, {})
+    runner = engine.runner
+    scenario = next(s for s in scenarios(config.vocab_size) if s.name == "one_question")
+    arrays, placements = one_question_arrays(engine, scenario)
+    t = arrays["tokens"].shape[0]
+    packed = pack(arrays, forward_layout(t, engine.engine_config))
+    leaves = runner._param_leaves  # noqa: SLF001 (the probe measures exactly what forward passes)
+
+    def row(name, times, **extra):
+        print(json.dumps({"probe": name, "return_ms": times[0], "done_ms": times[1], **extra}))
+
+    one = jax.jit(lambda x: x + 1)
+    row("null_one_arg", timed_call(lambda: one(packed), args.runs))
+    many = jax.jit(lambda leaves, x: x + 1)
+    row("null_all_weights", timed_call(lambda: many(leaves, packed), args.runs), args=len(leaves))
+    runner.executable(("forward", t))
+    row("forward", timed_call(lambda: runner.forward(arrays), args.runs), tokens=t)
+    release(placements, engine.cache, True)
+    print(json.dumps({"probe": "info", "device": jax.devices()[0].device_kind,
+                      "leaves": len(leaves), "np": np.__version__}))
+
+
+if __name__ == "__main__":
+    main()
