@@ -162,3 +162,59 @@ def test_model_mlp_leaves_transcendentals_to_the_kernel(family):
     assert "prism_glu_quant2" in jaxpr
     for prim in ("tanh", "exp", "logistic", "erf"):
         assert f" {prim}[" not in jaxpr and f"= {prim} " not in jaxpr, prim
+
+
+@pytest.mark.parametrize(
+    "stacked,extra", [(False, False), (True, False), (False, True), (True, True)]
+)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_parts_summed_inside_the_kernel_bitwise(device, rng, stacked, extra, activation):
+    """glu_quant2_parts sums the projection's partial products itself: the same bits as XLA's
+    sum (glu_parts_sum) fed to glu_quant2_pair, for every combination of partials."""
+    m, f = 9, 257
+    main = rng.normal(0, 2, (2 * m if stacked else m, 2, f)).astype(np.float32)
+    main[1] = 0.0  # an all-zero row (and, stacked, a zero first digit)
+    args = [main] + ([rng.normal(0, 0.1, (m, 2, f)).astype(np.float32)] if extra else [])
+
+    def parts(a, *ex):
+        return ops.glu_quant2_parts(a, *ex, stacked=stacked, activation=activation)
+
+    def summed(a, *ex):
+        gu = ops.glu_parts_sum(a, ex[0] if ex else None, stacked=stacked)
+        return ops.glu_quant2_pair(gu, activation=activation)
+
+    got, want = run_on(device, parts, *args), run_on(device, summed, *args)
+    for x, y, name in zip(got, want, ("q1", "s1", "q2", "s2"), strict=True):
+        assert_bitwise_equal(x, y, f"{name} stacked={stacked} extra={extra}")
+
+
+def test_parts_refuse_what_they_cannot_sum(rng):
+    main = np.zeros((6, 2, 8), np.float32)
+    with pytest.raises(ValueError, match="R even"):
+        ops.glu_quant2_parts(main[:5], stacked=True, activation="silu")
+    with pytest.raises(ValueError, match="float32"):
+        ops.glu_quant2_parts(main.astype(jnp.bfloat16), stacked=True, activation="silu")
+    with pytest.raises(ValueError, match="extra must be float32"):
+        ops.glu_quant2_parts(main, np.zeros((6, 2, 8), np.float32), stacked=True, activation="silu")
+
+
+@pytest.mark.parametrize("family", ["gemma3", "llama"])
+def test_model_mlp_sums_partials_in_the_kernel_bitwise(device, rng, family):
+    """The two-digit MLP hands gate/up's partial products to the kernel: its output has the
+    bits of summing them in XLA first (the path before), for two-digit rows and weights."""
+    config = ModelConfig.from_hf_config(TINY_HF_CONFIGS[family])  # two digits everywhere
+    assert "gate_up" in config.int8_two_digit_weights and "down" in config.int8_two_digit_rows
+    mlp = bind(init_random(config, "int8", seed=0), config).layers[0].mlp
+    t, d = 5, config.hidden_size
+    q = rng.integers(-127, 128, (t, d)).astype(np.int8)
+    q2 = rng.integers(-127, 128, (t, d)).astype(np.int8)
+    s = rng.uniform(0.01, 0.1, t).astype(np.float32)
+    s2 = (s / 200).astype(np.float32)
+
+    def before(q, s, q2, s2):
+        x = Quantized(q, s, q2, s2)
+        gu = mlp.gate_up(x)  # Linear._int8's XLA sum of the partials
+        return mlp.down(Quantized(*ops.glu_quant2_pair(gu, activation=mlp.activation)))
+
+    got = run_on(device, lambda *a: mlp(Quantized(*a)), q, s, q2, s2)
+    assert_bitwise_equal(got, run_on(device, before, q, s, q2, s2), family)
