@@ -1,7 +1,6 @@
 // The gated activations' shared pieces (CPU and CUDA handlers of both ops):
 //   prism_glu_quant   gate_up [M, 2F] f32|bf16 -> a_q s8 [M, F], s_a f32 [M]
-//   prism_glu_quant2  gate_up [M, 2F] f32|bf16 -> q1 s8 [M, F], s1 f32 [M], q2 s8, s2 f32 (same);
-//                     or gate_up as f32 partial sums (GluParts, below)
+//   prism_glu_quant2  gate_up [M, 2F] f32|bf16 -> q1 s8 [M, F], s1 f32 [M], q2 s8, s2 f32 (same)
 // Row r of gate_up is gate (its first F elements) then up: the fused gate/up projection's own
 // layout [M, 2, F], so neither half is ever copied out by XLA. a = Activate(gate) * up.
 // glu_quant2's (q1, s1) is prism_glu_quant's result, bit for bit; the
@@ -38,37 +37,6 @@ inline ffi::Error CheckGluArgs(const std::string& op, const ffi::AnyBuffer& gate
                 op + ": gate_up must be float32 or bfloat16");
   PRISM_REQUIRE(activation == 0 || activation == 1,
                 op + ": activation must be 0 (gelu_tanh) or 1 (silu)");
-  return ffi::Error::Success();
-}
-
-// prism_glu_quant2's input may come as f32 partial sums: the two-digit projection's products
-// (layers.py, Linear._int8) summed here rather than by an XLA add that writes gate_up only for
-// the kernel to read it back. Row r's gate_up = main[r] + (main[r + M] + extra[r]) with the
-// absent terms left out: `stacked` main has 2M rows (the second digit's products below the
-// first's), extra has M rows, or 0 when there is none. These are the fp32 adds, in the same
-// association, that XLA makes of Linear._int8's `y + (y2 + y_w2)`.
-struct GluParts {
-  int64_t m, f;
-  bool stacked, extra;
-  bool plain() const { return !stacked && !extra; }
-};
-
-inline ffi::Error CheckGluParts(const std::string& op, const ffi::AnyBuffer& gate_up,
-                                const ffi::AnyBuffer& extra, int32_t activation,
-                                int32_t stacked, GluParts* parts) {
-  if (ffi::Error e = CheckGluArgs(op, gate_up, activation); e.failure()) return e;
-  PRISM_REQUIRE(stacked == 0 || stacked == 1, op + ": stacked must be 0 or 1");
-  const int64_t rows = gate_up.dimensions()[0], f = gate_up.dimensions()[1] / 2;
-  PRISM_REQUIRE(extra.dimensions().size() == 2 && extra.dimensions()[1] == 2 * f,
-                op + ": extra must be [M or 0, 2F] like gate_up's rows");
-  PRISM_REQUIRE(!stacked || rows % 2 == 0, op + ": a stacked gate_up has 2M rows");
-  const int64_t m = stacked ? rows / 2 : rows;
-  const bool has_extra = extra.dimensions()[0] > 0;
-  PRISM_REQUIRE(!has_extra || extra.dimensions()[0] == m, op + ": extra must have M rows or 0");
-  const bool f32 = gate_up.element_type() == ffi::DataType::F32 &&
-                   (!has_extra || extra.element_type() == ffi::DataType::F32);
-  PRISM_REQUIRE(f32 || (!stacked && !has_extra), op + ": partial sums must be float32");
-  *parts = {m, f, stacked == 1, has_extra};
   return ffi::Error::Success();
 }
 

@@ -1,6 +1,5 @@
 // prism_glu_quant2 on the CPU: glu_quant plus the second INT8 digit of each row (glu_quant.h).
-//   gate_up [M, 2F] f32|bf16 -> q1 s8 [M, F], s1 f32 [M], q2 s8 [M, F], s2 f32 [M]; gate_up
-//   may also come as f32 partial sums (GluParts in glu_quant.h).
+//   gate_up [M, 2F] f32|bf16 -> q1 s8 [M, F], s1 f32 [M], q2 s8 [M, F], s2 f32 [M].
 // Each row is one pass of Activate (a kept in a row buffer, then overwritten by the remainder);
 // rows are spread over XLA's thread pool, and a row's bits never depend on which thread ran it.
 #include <algorithm>
@@ -24,36 +23,14 @@ struct Digits {
   float* s2;
 };
 
-// Row r's gate_up element i as a float: the plain row, or GluParts' sum main[r] + (main[r + M]
-// + extra[r]) with the absent terms left out.
-template <typename T>
-struct RowReader {
-  const T* main;
-  const float* extra;  // nullptr: none (parts are f32 only)
-  int64_t m, f;
-  bool stacked;
-  float At(int64_t r, int64_t i) const {
-    const float v = ToF32(main[r * 2 * f + i]);
-    if (!stacked && extra == nullptr) return v;
-    float small;
-    if (stacked && extra != nullptr) {
-      small = ToF32(main[(r + m) * 2 * f + i]) + extra[r * 2 * f + i];
-    } else {
-      small = stacked ? ToF32(main[(r + m) * 2 * f + i]) : extra[r * 2 * f + i];
-    }
-    return v + small;
-  }
-};
-
 // One row: a[i] = Activate(gate) * up exactly as GluRows (glu_quant_cpu.cc), then in place
 // the remainder, then both digits. buf holds F floats.
 template <typename T>
-void GluRow2(const RowReader<T>& in, int64_t r, Activation act, float* buf, int8_t* q1,
+void GluRow2(const T* gate, const T* up, int64_t f, Activation act, float* buf, int8_t* q1,
              float* s1, int8_t* q2, float* s2) {
-  const int64_t f = in.f;
   float amax = 0.0f;
   for (int64_t i = 0; i < f; ++i) {
-    buf[i] = Activate(act, in.At(r, i)) * in.At(r, f + i);
+    buf[i] = Activate(act, ToF32(gate[i])) * ToF32(up[i]);
     amax = std::max(amax, std::fabs(buf[i]));
   }
   const float inv = QuantInverse(amax), scale = QuantScale(amax);
@@ -70,40 +47,35 @@ void GluRow2(const RowReader<T>& in, int64_t r, Activation act, float* buf, int8
 }
 
 template <typename T>
-void GluRows2(ffi::ThreadPool& pool, const RowReader<T>& in, Activation act, Digits out) {
-  const int64_t m = in.m, f = in.f;
+void GluRows2(ffi::ThreadPool& pool, const T* gate_up, int64_t m, int64_t f, Activation act,
+              Digits out) {
   const int64_t per_item = std::max<int64_t>(1, kElementsPerItem / std::max<int64_t>(f, 1));
   ParallelFor(pool, (m + per_item - 1) / per_item, [&](int64_t item) {
     std::vector<float> buf(f);
     const int64_t end = std::min(m, (item + 1) * per_item);
     for (int64_t r = item * per_item; r < end; ++r) {
-      GluRow2(in, r, act, buf.data(), out.q1 + r * f, out.s1 + r, out.q2 + r * f, out.s2 + r);
+      const T* gate = gate_up + r * 2 * f;
+      GluRow2(gate, gate + f, f, act, buf.data(), out.q1 + r * f, out.s1 + r, out.q2 + r * f,
+              out.s2 + r);
     }
   });
 }
 
-ffi::Error GluQuant2Cpu(ffi::ThreadPool pool, ffi::AnyBuffer gate_up, ffi::AnyBuffer extra,
+ffi::Error GluQuant2Cpu(ffi::ThreadPool pool, ffi::AnyBuffer gate_up,
                         ffi::Result<ffi::BufferR2<ffi::S8>> q1,
                         ffi::Result<ffi::BufferR1<ffi::F32>> s1,
                         ffi::Result<ffi::BufferR2<ffi::S8>> q2,
-                        ffi::Result<ffi::BufferR1<ffi::F32>> s2, int32_t activation,
-                        int32_t stacked) {
-  GluParts parts;
-  if (ffi::Error e = CheckGluParts("prism_glu_quant2", gate_up, extra, activation, stacked, &parts);
-      e.failure()) {
+                        ffi::Result<ffi::BufferR1<ffi::F32>> s2, int32_t activation) {
+  if (ffi::Error e = CheckGluArgs("prism_glu_quant2", gate_up, activation); e.failure()) {
     return e;
   }
+  const int64_t m = gate_up.dimensions()[0], f = gate_up.dimensions()[1] / 2;
   const auto act = static_cast<Activation>(activation);
   const Digits out{q1->typed_data(), s1->typed_data(), q2->typed_data(), s2->typed_data()};
-  const float* extra_rows = parts.extra ? extra.reinterpret_data<float>() : nullptr;
   if (gate_up.element_type() == ffi::DataType::F32) {
-    const RowReader<float> in{gate_up.reinterpret_data<float>(), extra_rows, parts.m, parts.f,
-                              parts.stacked};
-    GluRows2(pool, in, act, out);
+    GluRows2(pool, gate_up.reinterpret_data<float>(), m, f, act, out);
   } else {
-    const RowReader<uint16_t> in{gate_up.reinterpret_data<uint16_t>(), nullptr, parts.m, parts.f,
-                                 false};
-    GluRows2(pool, in, act, out);
+    GluRows2(pool, gate_up.reinterpret_data<uint16_t>(), m, f, act, out);
   }
   return ffi::Error::Success();
 }
@@ -116,11 +88,9 @@ namespace ffi = xla::ffi;
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismGluQuant2Cpu, prism::GluQuant2Cpu,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // gate_up [M or 2M, 2F] f32|bf16
-                                  .Arg<ffi::AnyBuffer>()  // extra [M or 0, 2F] f32 partial
+                                  .Arg<ffi::AnyBuffer>()            // gate_up [M, 2F] f32|bf16
                                   .Ret<ffi::BufferR2<ffi::S8>>()   // q1 [M, F]
                                   .Ret<ffi::BufferR1<ffi::F32>>()  // s1 [M]
                                   .Ret<ffi::BufferR2<ffi::S8>>()   // q2 [M, F]
                                   .Ret<ffi::BufferR1<ffi::F32>>()  // s2 [M]
-                                  .Attr<int32_t>("activation")
-                                  .Attr<int32_t>("stacked"));  // 1: rows M..2M are a partial
+                                  .Attr<int32_t>("activation"));

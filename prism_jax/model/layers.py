@@ -159,31 +159,21 @@ class Linear(nnx.Module):
         """x1 W1 (+ x2 W1 when x has a second digit) (+ x1 W2 with two-digit weights), each an
         exact int32 GEMM with its own fp32 epilogue; x2 W2 is below fp32 rounding. A row's
         result never depends on the other rows, and the partial outputs add elementwise in a
-        fixed order (ops.glu_parts_sum), so the sum is as batch-invariant as one GEMM."""
-        main, extra, stacked = self.int8_parts(x)
-        return ops.glu_parts_sum(main, extra, stacked=stacked)
-
-    def int8_parts(self, x: Quantized) -> tuple[jax.Array, jax.Array | None, bool]:
-        """The int8 projection's partial products, not yet summed: (main, extra, stacked).
-        main is x1 W1 [T, prod(out)], or [2T, prod(out)] with x2 W1 below it when x has a
-        second digit (stacked: both digits in one GEMM, so the weights are read once); extra
-        is x1 W2 with two-digit weights, else None; the bias, if any, is not in them. A
-        consumer that sums them itself (the MLP's ops.glu_quant2_parts) saves XLA's add its
-        write and the read back."""
-        assert self.precision == "int8" and isinstance(x, Quantized), "int8 rows only"
+        fixed order, so the sum is as batch-invariant as one GEMM."""
         w_q = self.w_q[...].reshape(-1, self.in_dim)  # (prod(out), K)
         s_w = self.s_w[...].reshape(-1)
         if x.q2 is None:
-            main = ops.int8_gemm(x.q, x.s, w_q, s_w, out_dtype=jnp.float32)  # (T, prod(out))
-        else:
+            y = ops.int8_gemm(x.q, x.s, w_q, s_w, out_dtype=jnp.float32)  # (T, prod(out))
+            small = None
+        else:  # both digits in one GEMM: the weights are read once
             q = jnp.concatenate([x.q, x.q2])  # (2T, K)
-            main = ops.int8_gemm(q, jnp.concatenate([x.s, x.s2]), w_q, s_w, out_dtype=jnp.float32)
-        extra = None
+            y2 = ops.int8_gemm(q, jnp.concatenate([x.s, x.s2]), w_q, s_w, out_dtype=jnp.float32)
+            y, small = y2[:t], y2[t:]  # (T, prod(out)) each
         if self.w_q2 is not None:
             w_q2 = self.w_q2[...].reshape(-1, self.in_dim)  # (prod(out), K)
-            s_w2 = self.s_w2[...].reshape(-1)
-            extra = ops.int8_gemm(x.q, x.s, w_q2, s_w2, out_dtype=jnp.float32)
-        return main, extra, x.q2 is not None
+            y_w2 = ops.int8_gemm(x.q, x.s, w_q2, self.s_w2[...].reshape(-1), out_dtype=jnp.float32)
+            small = y_w2 if small is None else small + y_w2
+        return y if small is None else y + small
 
 
 def _rmsnorm_float(x: jax.Array, gamma: jax.Array, eps: float, offset: float) -> jax.Array:

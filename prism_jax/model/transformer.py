@@ -110,15 +110,6 @@ class MLP(nnx.Module):
         )
 
     def __call__(self, x: Quantized | jax.Array) -> jax.Array:
-        if self.precision == "int8" and self.two_digit and self.gate_up.bias is None:
-            # The kernel sums gate/up's partial products itself (same adds, same bits): XLA's
-            # add would write the [T, 2, F] sum only for the kernel to read it back.
-            main, extra, stacked = self.gate_up.int8_parts(x)
-            pair = (2, self.gate_up.out[-1])
-            main = main.reshape(main.shape[0], *pair)
-            extra = None if extra is None else extra.reshape(extra.shape[0], *pair)
-            digits = ops.glu_quant2_parts(main, extra, stacked=stacked, activation=self.activation)
-            return self.down(Quantized(*digits))
         gu = self.gate_up(x)  # (T, 2, F)
         if self.precision == "int8":
             # The kernel reads gate and up in place from gu (no XLA slice copies); two digits:

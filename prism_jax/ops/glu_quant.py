@@ -146,62 +146,12 @@ def glu_quant2_pair(gate_up, *, activation: str, impl: Impl | None = None):
         return glu_quant2_reference(gate_up[..., 0, :], gate_up[..., 1, :], activation)
     require_target("prism_glu_quant2")
     rows = _rows(gate_up)  # (M, 2F)
-    q1, s1, q2, s2 = _glu2_call(rows, None, rows.shape[0], False, activation)
-    lead, f = gate_up.shape[:-2], gate_up.shape[-1]
-    return q1.reshape(*lead, f), s1.reshape(lead), q2.reshape(*lead, f), s2.reshape(lead)
-
-
-def _glu2_call(rows, extra, m: int, stacked: bool, activation: str):
-    """prism_glu_quant2 on rows [M or 2M, 2F] (+ extra [M, 2F] or None) -> M rows of digits."""
-    f = rows.shape[-1] // 2
-    if extra is None:  # the handler takes an empty extra as "none"
-        extra = jnp.zeros((0, 2 * f), jnp.float32)
+    m, f = rows.shape[0], gate_up.shape[-1]
     codes = jax.ShapeDtypeStruct((m, f), jnp.int8)
     scales = jax.ShapeDtypeStruct((m,), jnp.float32)
     call = jax.ffi.ffi_call(
         "prism_glu_quant2", (codes, scales, codes, scales), vmap_method="sequential"
     )
-    act = np.int32(ACTIVATIONS[activation])
-    return call(rows, extra, activation=act, stacked=np.int32(stacked))
-
-
-def glu_parts_sum(main, extra, *, stacked: bool):
-    """The gate/up projection's partial products summed as Linear._int8 sums them:
-    main[:M] + (main[M:] + extra) with the absent terms left out (M = main rows / 2 when
-    stacked). main [R, 2, F] f32, extra [M, 2, F] f32 or None."""
-    m = main.shape[0] // 2 if stacked else main.shape[0]
-    if stacked and extra is not None:
-        return main[:m] + (main[m:] + extra)
-    if stacked:
-        return main[:m] + main[m:]
-    return main if extra is None else main + extra
-
-
-def glu_quant2_parts(main, extra=None, *, stacked: bool, activation: str, impl=None):
-    """glu_quant2_pair of glu_parts_sum(main, extra, stacked=...), the sum taken inside the
-    kernel (same fp32 adds, same association, so the same bits): XLA's add would write the
-    [M, 2, F] sum only for the kernel to read it back, ~40 us per 27B layer at 256 tokens.
-
-    Args:
-      main: [R, 2, F] float32, R = 2M when stacked (rows M.. are the second digit's products).
-      extra: [M, 2, F] float32 (the second weight matrix's products) or None.
-    """
-    _check_pair(main, activation)
-    if main.ndim != 3 or main.dtype != jnp.float32 or (stacked and main.shape[0] % 2):
-        raise ValueError(
-            f"{OP}: main must be float32 [R, 2, F] with R even when stacked, got "
-            f"{_checks.describe(main)} (stacked={stacked})"
-        )
-    m = main.shape[0] // 2 if stacked else main.shape[0]
-    if extra is not None and (extra.shape != (m, *main.shape[1:]) or extra.dtype != jnp.float32):
-        raise ValueError(
-            f"{OP}: extra must be float32 {[m, *main.shape[1:]]}, got {_checks.describe(extra)}"
-        )
-    if resolve_impl(impl) == "reference":
-        return glu_quant2_pair(
-            glu_parts_sum(main, extra, stacked=stacked), activation=activation, impl="reference"
-        )
-    require_target("prism_glu_quant2")
-    rows = _rows(main)
-    ex = None if extra is None else _rows(extra)
-    return _glu2_call(rows, ex, m, stacked, activation)
+    q1, s1, q2, s2 = call(rows, activation=np.int32(ACTIVATIONS[activation]))
+    lead = gate_up.shape[:-2]
+    return q1.reshape(*lead, f), s1.reshape(lead), q2.reshape(*lead, f), s2.reshape(lead)
