@@ -23,7 +23,6 @@ import time
 from types import SimpleNamespace
 
 import jax
-import numpy as np
 from e2e_decide import PRESETS, build, scenarios  # benchmarks/ is sys.path[0] as a script
 
 from prism_jax.forest import build_forest
@@ -83,8 +82,7 @@ def main(argv=None) -> None:
     runner.executable(("forward", t))
     row("forward", timed_call(lambda: runner.forward(arrays), args.runs), tokens=t)
     release(placements, engine.cache, True)
-    print(json.dumps({"probe": "info", "device": jax.devices()[0].device_kind,
-                      "leaves": len(leaves), "np": np.__version__}))
+    print(json.dumps({"probe": "info", "device": jax.devices()[0].device_kind}))
 
 
 if __name__ == "__main__":

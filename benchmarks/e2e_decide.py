@@ -221,13 +221,14 @@ def measure(engine: Engine, baseline, s: Scenario, runs: int, chunk: int) -> dic
     )
     cached = sum(result.cached_tokens(q) for q in range(len(s.questions)))
     base = measure_baseline(baseline, s, runs, result) if baseline else {}
+    prism = stats(t_prism)
     return {
         "scenario": s.name,
         "title": TITLES[s.name],
         "shapes": s.shapes,
-        "prism": stats(t_prism),
+        "prism": prism,
         "baseline": base.get("stats"),
-        "ratio": base["median_ms"] / stats(t_prism)["median_ms"] if base else None,
+        "ratio": base["stats"]["median_ms"] / prism["median_ms"] if base else None,
         "engine_step_ms": 1e3 * statistics.median(r.seconds for r in results),
         "computed_tokens": result.computed_tokens,
         "cached_tokens": cached,
@@ -248,13 +249,7 @@ def measure_baseline(baseline: Baseline, s: Scenario, runs: int, result) -> dict
         float(np.max(np.abs(np.asarray(p) - b)))
         for p, b in zip(result.probabilities, base_probs, strict=True)
     )
-    st = stats(t_base)
-    return {
-        "stats": st,
-        "median_ms": st["median_ms"],
-        "tokens": [len(t) for t, _ in requests],
-        "diff": diff,
-    }
+    return {"stats": stats(t_base), "tokens": [len(t) for t, _ in requests], "diff": diff}
 
 
 # --- per-op split (--profile) -----------------------------------------------------------------

@@ -26,17 +26,17 @@ from trace_breakdown import group_of
 HIST_US = (2, 5, 10, 20, 50, 100, 1000)  # upper bounds of the gap histogram's bins
 
 
-def _planes(trace_dir: pathlib.Path):
+def load_planes(trace_dir: pathlib.Path) -> list:
+    """Every plane of every *.xplane.pb under trace_dir, parsed once (27B traces are large)."""
     files = sorted(trace_dir.rglob("*.xplane.pb"))
     assert files, f"no *.xplane.pb under {trace_dir}: pass the directory jax.profiler.trace wrote"
-    for f in files:
-        yield from ProfileData.from_file(str(f)).planes
+    return [plane for f in files for plane in ProfileData.from_file(str(f)).planes]
 
 
-def kernel_events(trace_dir: pathlib.Path) -> list[tuple[float, float, str]]:
+def kernel_events(planes: list) -> list[tuple[float, float, str]]:
     """(start_ns, end_ns, kernel name) of every kernel on every GPU stream, by start."""
     events = []
-    for plane in _planes(trace_dir):
+    for plane in planes:
         if not plane.name.startswith("/device:GPU"):
             continue
         for line in plane.lines:
@@ -45,11 +45,11 @@ def kernel_events(trace_dir: pathlib.Path) -> list[tuple[float, float, str]]:
     return sorted(events)
 
 
-def host_events(trace_dir: pathlib.Path) -> tuple[dict[str, float], dict[str, int]]:
+def host_events(planes: list) -> tuple[dict[str, float], dict[str, int]]:
     """Host event name -> total ns and count, Python's own frames left out."""
     total: dict[str, float] = collections.defaultdict(float)
     count: dict[str, int] = collections.Counter()
-    for plane in _planes(trace_dir):
+    for plane in planes:
         if plane.name != "/host:CPU":
             continue
         for line in plane.lines:
@@ -122,8 +122,8 @@ def gap_rows(events: list[tuple[float, float, str]], runs: int, split_ns: float)
     return rows
 
 
-def host_rows(trace_dir: pathlib.Path, runs: int, top: int = 20) -> list[dict]:
-    total, count = host_events(trace_dir)
+def host_rows(planes: list, runs: int, top: int = 20) -> list[dict]:
+    total, count = host_events(planes)
     per_run = 1e-6 / runs
     return [
         {
@@ -136,10 +136,10 @@ def host_rows(trace_dir: pathlib.Path, runs: int, top: int = 20) -> list[dict]:
     ]
 
 
-def annotations(trace_dir: pathlib.Path, prefix: str) -> list[tuple[float, float]]:
+def annotations(planes: list, prefix: str) -> list[tuple[float, float]]:
     """(start_ns, end_ns) of the host's TraceAnnotation events whose name starts with prefix."""
     spans = []
-    for plane in _planes(trace_dir):
+    for plane in planes:
         if plane.name == "/host:CPU":
             for line in plane.lines:
                 spans += [(e.start_ns, e.end_ns) for e in line.events if e.name.startswith(prefix)]
@@ -175,9 +175,10 @@ def bounds_rows(events, runs_spans: list[tuple[float, float]]) -> list[dict]:
 def gaps(trace_dir: pathlib.Path, runs: int, split_ms: float = 1.0, run_prefix: str = "prism "):
     """Gap, run-bound and host rows of a trace (run_prefix: the annotation of each run)."""
     assert runs >= 1, "runs counts traced runs: at least 1"
-    events = kernel_events(trace_dir)
-    bounds = bounds_rows(events, annotations(trace_dir, run_prefix))
-    return gap_rows(events, runs, split_ms * 1e6) + bounds + host_rows(trace_dir, runs)
+    planes = load_planes(trace_dir)
+    events = kernel_events(planes)
+    bounds = bounds_rows(events, annotations(planes, run_prefix))
+    return gap_rows(events, runs, split_ms * 1e6) + bounds + host_rows(planes, runs)
 
 
 def main(argv=None) -> None:

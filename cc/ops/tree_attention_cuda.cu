@@ -21,7 +21,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -201,8 +200,8 @@ using launch::LaunchSplit;
 // C is padded to T, so the step's size decides: T > kSplitMaxTokens takes the block kernel.
 // Small steps (decode rows, a follow-up question of <= 64 tokens on a long cached state) have
 // too few (token, head) pairs to fill the GPU when each walks its tiles serially (lanes: ~1,000
-// warps, ~0.6 ms per 27B layer on a 4K state), so they take the split kernel: one block per
-// (query tile, kv head, key tile), then an in-order merge pass; same bits. Up to
+// warps, ~0.6 ms per 27B layer on a 4K state), so they take the split kernel: one work item
+// per (query tile, kv head, key tile), then an in-order merge pass; same bits. Up to
 // kSplitMaxTokens (a forest, a one-question prefill) the split also wins: the block kernel's
 // blocks walk 1 to T / 64 tiles each (causal), so the SMs holding the last query tiles finish
 // long after the rest; the split spreads the tiles evenly.
