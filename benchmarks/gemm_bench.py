@@ -50,6 +50,11 @@ SM90 = (
     "sm90_coop_128x128x128_c2x1",
     "sm90_swap_ping_128x64x128_c2x1",
 )
+STREAMK = (
+    "sm90_streamk_128x128x128_c2x1",
+    "sm90_streamk_128x256x128_c2x1",
+    "sm90_streamk_swap_128x64x128_c2x1",
+)
 
 
 def variants_for(m: int) -> list[str]:
@@ -57,10 +62,10 @@ def variants_for(m: int) -> list[str]:
     if m <= 16:
         return list(DECODE)
     if m <= 64:
-        return ["decode16", "decode32", SM90[3], SM90[2]]
+        return ["decode16", "decode32", SM90[3], SM90[2], STREAMK[2], STREAMK[0]]
     if m <= 256:
-        return [SM90[3], SM90[2], SM90[1], SM90[0]]
-    return [SM90[0], SM90[1], SM90[2]]
+        return [SM90[3], SM90[2], SM90[1], SM90[0], *STREAMK]
+    return [SM90[0], SM90[1], SM90[2], STREAMK[0], STREAMK[1]]
 
 
 def stats(per_op_s: list[float]) -> dict:

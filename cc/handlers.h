@@ -18,3 +18,10 @@
 
 #define PRISM_DECLARE_CPU(name, cpu, cuda) XLA_FFI_DECLARE_HANDLER_SYMBOL(cpu);
 #define PRISM_DECLARE_CUDA(name, cpu, cuda) XLA_FFI_DECLARE_HANDLER_SYMBOL(cuda);
+
+#ifdef PRISM_WITH_CUDA
+#include <cstddef>
+#include <cstdint>
+// Workspace bytes prism_int8_gemm's CUDA handler wants for [M, K] x [N, K] (int8_gemm_cuda.cu).
+size_t PrismInt8GemmWorkspaceBytes(int64_t m, int64_t k, int64_t n, bool f32);
+#endif

@@ -43,6 +43,10 @@ PYBIND11_MODULE(_prism_ops, m) {
         "Returns {platform: {target_name: capsule}} for jax.ffi.register_ffi_target.");
 #ifdef PRISM_WITH_CUDA
   m.attr("with_cuda") = true;
+  m.def("int8_gemm_workspace_bytes", &PrismInt8GemmWorkspaceBytes, py::arg("m"), py::arg("k"),
+        py::arg("n"), py::arg("f32"),
+        "Bytes of workspace prism_int8_gemm's CUDA handler wants for this shape on this device "
+        "(0 when no CUDA device is visible).");
 #else
   m.attr("with_cuda") = false;
 #endif

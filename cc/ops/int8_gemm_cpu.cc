@@ -95,7 +95,8 @@ void Gemm(ffi::ThreadPool& pool, const int8_t* x, const float* sx, const int8_t*
 
 ffi::Error Int8GemmCpu(ffi::ThreadPool pool, ffi::BufferR2<ffi::S8> x_q, ffi::BufferR1<ffi::F32> s_x,
                        ffi::BufferR2<ffi::S8> w_q, ffi::BufferR1<ffi::F32> s_w,
-                       ffi::Result<ffi::AnyBuffer> y) {
+                       ffi::Result<ffi::AnyBuffer> y,
+                       ffi::Result<ffi::BufferR1<ffi::U8>> /*workspace: CUDA stream-K only*/) {
   const int64_t m = x_q.dimensions()[0], k = x_q.dimensions()[1];
   const int64_t n = w_q.dimensions()[0];
   PRISM_REQUIRE(w_q.dimensions()[1] == k, "prism_int8_gemm: w_q must be [N, K] with x_q's K");
@@ -125,4 +126,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismInt8GemmCpu, prism::Int8GemmCpu,
                                   .Arg<xla::ffi::BufferR1<xla::ffi::F32>>()  // s_x [M]
                                   .Arg<xla::ffi::BufferR2<xla::ffi::S8>>()   // w_q [N, K]
                                   .Arg<xla::ffi::BufferR1<xla::ffi::F32>>()  // s_w [N]
-                                  .Ret<xla::ffi::AnyBuffer>());               // y [M, N]
+                                  .Ret<xla::ffi::AnyBuffer>()                // y [M, N]
+                                  .Ret<xla::ffi::BufferR1<xla::ffi::U8>>());  // workspace, unused

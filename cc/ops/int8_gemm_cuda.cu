@@ -24,6 +24,7 @@
 
 #include "cc/common.h"
 #include "cc/cuda_common.cuh"
+#include "cc/handlers.h"
 #include "cc/numerics.h"
 #include "cc/ops/int8_gemm_kernels.h"
 
@@ -155,10 +156,10 @@ struct Bucket {
 };
 constexpr Bucket kBucketsF32[] = {
     {8, 32, Sm90Tile::kSwap128x64},
-    {64, 0, Sm90Tile::kSwap128x64},
-    {256, 0, Sm90Tile::kCoop128x128},
-    {512, 0, Sm90Tile::kCoop128x256, 8192},
-    {512, 0, Sm90Tile::kCoop128x128},
+    {64, 0, Sm90Tile::kStreamKSwap128x64},
+    {256, 0, Sm90Tile::kStreamK128x128},
+    {512, 0, Sm90Tile::kStreamK128x256, 8192},
+    {512, 0, Sm90Tile::kStreamK128x128},
     {2048, 0, Sm90Tile::kPing64x256},
     {INT64_MAX, 0, Sm90Tile::kCoop128x256},
 };
@@ -198,20 +199,42 @@ bool Forced(int64_t m, Bucket* choice, bool* simt) {
   return *simt;
 }
 
+// The kernel for this call: the benchmark override if set, else the bucket for (M, N).
 template <typename OutT>
-ffi::Error Launch(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
-                  const float* sw, OutT* y, int64_t m, int64_t k, int64_t n) {
+Bucket Choose(int64_t m, int64_t n, bool* simt) {
   Bucket choice;
-  bool simt = false;
-  if (!Forced(m, &choice, &simt)) {
+  *simt = false;
+  if (!Forced(m, &choice, simt)) {
     choice = std::is_same_v<OutT, float> ? Pick(kBucketsF32, m, n) : Pick(kBucketsBf16, m, n);
   }
+  return choice;
+}
+
+// The data-parallel tile of a stream-K one's shape: what runs when the workspace is too small.
+Sm90Tile DataParallelTwin(Sm90Tile tile) {
+  switch (tile) {
+    case Sm90Tile::kStreamK128x128: return Sm90Tile::kCoop128x128;
+    case Sm90Tile::kStreamK128x256: return Sm90Tile::kCoop128x256;
+    case Sm90Tile::kStreamKSwap128x64: return Sm90Tile::kSwap128x64;
+    default: return tile;
+  }
+}
+
+template <typename OutT>
+ffi::Error Launch(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
+                  const float* sw, OutT* y, int64_t m, int64_t k, int64_t n, void* workspace,
+                  size_t workspace_bytes) {
+  bool simt = false;
+  const Bucket choice = Choose<OutT>(m, n, &simt);
   cudaError_t e = cudaErrorNotSupported;
   if (!simt && k >= 16) {
     if (choice.decode_rows > 0 && DecodeSupports(x, w, m, k)) {
       e = RunDecode(choice.decode_rows, stream, x, sx, w, sw, y, m, k, n);
     } else if (choice.decode_rows == 0 && Sm90Supports(x, w, y, k, n, sizeof(OutT))) {
-      e = RunSm90(choice.tile, stream, x, sx, w, sw, y, m, k, n);
+      e = RunSm90(choice.tile, stream, x, sx, w, sw, y, m, k, n, workspace, workspace_bytes);
+      if (e == cudaErrorNotSupported && DataParallelTwin(choice.tile) != choice.tile) {
+        e = RunSm90(DataParallelTwin(choice.tile), stream, x, sx, w, sw, y, m, k, n, nullptr, 0);
+      }
     }
   }
   // Not supported for this shape or alignment (nothing was launched): the general kernel.
@@ -223,7 +246,8 @@ ffi::Error Launch(cudaStream_t stream, const int8_t* x, const float* sx, const i
 
 ffi::Error Int8GemmCuda(cudaStream_t stream, ffi::BufferR2<ffi::S8> x_q,
                         ffi::BufferR1<ffi::F32> s_x, ffi::BufferR2<ffi::S8> w_q,
-                        ffi::BufferR1<ffi::F32> s_w, ffi::Result<ffi::AnyBuffer> y) {
+                        ffi::BufferR1<ffi::F32> s_w, ffi::Result<ffi::AnyBuffer> y,
+                        ffi::Result<ffi::BufferR1<ffi::U8>> workspace) {
   const int64_t m = x_q.dimensions()[0], k = x_q.dimensions()[1];
   const int64_t n = w_q.dimensions()[0];
   PRISM_REQUIRE(w_q.dimensions()[1] == k, "prism_int8_gemm: w_q must be [N, K] with x_q's K");
@@ -235,12 +259,14 @@ ffi::Error Int8GemmCuda(cudaStream_t stream, ffi::BufferR2<ffi::S8> x_q,
   PRISM_REQUIRE(f32 || y->element_type() == ffi::DataType::BF16,
                 "prism_int8_gemm: y must be float32 or bfloat16");
   if (m == 0 || n == 0) return ffi::Error::Success();
+  void* ws = workspace->typed_data();
+  const auto ws_bytes = static_cast<size_t>(workspace->dimensions()[0]);
   if (f32) {
     return Launch(stream, x_q.typed_data(), s_x.typed_data(), w_q.typed_data(), s_w.typed_data(),
-                  y->typed_data<float>(), m, k, n);
+                  y->typed_data<float>(), m, k, n, ws, ws_bytes);
   }
   return Launch(stream, x_q.typed_data(), s_x.typed_data(), w_q.typed_data(), s_w.typed_data(),
-                y->reinterpret_data<uint16_t>(), m, k, n);
+                y->reinterpret_data<uint16_t>(), m, k, n, ws, ws_bytes);
 }
 
 }  // namespace
@@ -253,5 +279,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismInt8GemmCuda, prism::Int8GemmCuda,
                                   .Arg<xla::ffi::BufferR1<xla::ffi::F32>>()  // s_x [M]
                                   .Arg<xla::ffi::BufferR2<xla::ffi::S8>>()   // w_q [N, K]
                                   .Arg<xla::ffi::BufferR1<xla::ffi::F32>>()  // s_w [N]
-                                  .Ret<xla::ffi::AnyBuffer>(),               // y [M, N]
+                                  .Ret<xla::ffi::AnyBuffer>()                // y [M, N]
+                                  .Ret<xla::ffi::BufferR1<xla::ffi::U8>>(),  // workspace [W]
                               {xla::ffi::Traits::kCmdBufferCompatible});
+
+// Bytes of workspace prism_int8_gemm's CUDA handler wants for this call (the kernel Choose()
+// picks now, PRISM_INT8_GEMM_KERNEL included); the Python wrapper sizes the workspace result
+// with it at trace time.
+size_t PrismInt8GemmWorkspaceBytes(int64_t m, int64_t k, int64_t n, bool f32) {
+  if (!f32 || m <= 0 || n <= 0) return 0;  // no bf16 stream-K tile is built
+  bool simt = false;
+  const prism::Bucket choice = prism::Choose<float>(m, n, &simt);
+  if (simt || choice.decode_rows > 0) return 0;
+  return prism::Sm90WorkspaceBytes(choice.tile, m, k, n);
+}

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace prism {
@@ -19,19 +20,33 @@ enum class Sm90Tile {
   kPing64x256,   // ping-pong 64x256x128, cluster 2x1: large M, fewer rows per tile
   kCoop128x128,  // cooperative 128x128x128, cluster 2x1: mid M (more tiles than 128x256)
   kSwap128x64,   // y^T = w x^T: tile 128 weight rows x 64 tokens x 128, ping-pong: small M
+  kStreamK128x128,  // cooperative 128x128x128 with the stream-K scheduler (needs workspace)
+  kStreamK128x256,  // cooperative 128x256x128 with the stream-K scheduler (needs workspace)
+  kStreamKSwap128x64,  // swapped 128x64x128, cooperative, stream-K: small M, few weight tiles
 };
-constexpr int kSm90TileCount = 4;
+constexpr int kSm90TileCount = 7;
 const char* Sm90TileName(Sm90Tile tile);
 
 bool Sm90Supports(const void* x, const void* w, const void* y, int64_t k, int64_t n,
                   int out_bytes);
 
-// Returns cudaSuccess, or the error (a CUTLASS refusal is cudaErrorNotSupported). OutT: float,
-// or uint16_t holding bf16 bits. Only some tiles are built for bf16 (see int8_gemm_sm90_bf16.cu);
-// the others return cudaErrorNotSupported.
+// Returns cudaSuccess, or the error (a CUTLASS refusal, or less workspace than the tile needs, is
+// cudaErrorNotSupported, with nothing launched). OutT: float, or uint16_t holding bf16 bits. Only
+// some tiles are built for bf16 (see int8_gemm_sm90_bf16.cu); the others return
+// cudaErrorNotSupported. workspace: device memory of workspace_bytes, used by stream-K tiles.
 template <typename OutT>
 cudaError_t RunSm90(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
-                    const int8_t* w, const float* sw, OutT* y, int64_t m, int64_t k, int64_t n);
+                    const int8_t* w, const float* sw, OutT* y, int64_t m, int64_t k, int64_t n,
+                    void* workspace, size_t workspace_bytes);
+
+// Stream-K tiles, float32 output (int8_gemm_sm90_streamk.cu): same contract as RunSm90.
+cudaError_t RunSm90StreamK(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
+                           const int8_t* w, const float* sw, float* y, int64_t m, int64_t k,
+                           int64_t n, void* workspace, size_t workspace_bytes);
+
+// Workspace bytes `tile` needs for an [M, K] x [N, K] GEMM with float32 output on this device
+// (0 for the data-parallel tiles, and when no CUDA device is visible).
+size_t Sm90WorkspaceBytes(Sm90Tile tile, int64_t m, int64_t k, int64_t n);
 
 // Weight-streaming kernel for small M (int8_gemm_decode.cu): mma.sync m16n8k32 on 16-row slabs
 // of w, K split across the 8 warps of a block, partial sums added exactly in shared memory.

@@ -6,11 +6,20 @@
 // row-major; the big operand then fills the 128-row wgmma side and the few tokens the narrow one.
 // Epilogue visitor tree, both layouts: Mul(Mul(float(acc), s_x), s_w), i.e. the contract's
 // (acc * s_x[m]) * s_w[n] in fp32, the int32 -> fp32 conversion round-to-nearest (cvt.rn).
+//
+// Schedulers: the default persistent data-parallel one (one CTA owns an output tile's whole K),
+// or stream-K (kStreamK), which splits the last waves' tiles along K across CTAs so that a
+// problem of fewer tiles than SMs (down and o at M = 256: 84 tiles on 132 SMs) or with a ragged
+// last wave keeps every SM busy. Its peers add their int32 partial accumulators in a workspace
+// before the one epilogue; int32 addition is exact in any order, so CUTLASS's nondeterministic
+// (lock-free order) reduction still gives the data-parallel kernel's bits.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "cc/ops/int8_gemm_kernels.h"
 #include "cute/tensor.hpp"
@@ -22,6 +31,7 @@
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/gemm/kernel/tile_scheduler.hpp"
 
 namespace prism {
 namespace sm90 {
@@ -30,13 +40,16 @@ using namespace cute;  // NOLINT: CUTLASS's shape vocabulary (Shape, _128, ...)
 namespace fusion = cutlass::epilogue::fusion;
 
 template <class TileShape_, class ClusterShape_, class KernelSchedule_, class EpilogueSchedule_,
-          bool kSwap_>
+          bool kSwap_, bool kStreamK_ = false>
 struct Config {
   using TileShape = TileShape_;
   using ClusterShape = ClusterShape_;
   using KernelSchedule = KernelSchedule_;
   using EpilogueSchedule = EpilogueSchedule_;
   static constexpr bool kSwap = kSwap_;
+  static constexpr bool kStreamK = kStreamK_;
+  // void: CUTLASS's default (persistent, data-parallel) scheduler.
+  using Scheduler = std::conditional_t<kStreamK_, cutlass::gemm::StreamKScheduler, void>;
 };
 
 using Coop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
@@ -48,6 +61,13 @@ using CfgCoop128x256 = Config<Shape<_128, _256, _128>, Shape<_2, _1, _1>, Coop, 
 using CfgPing64x256 = Config<Shape<_64, _256, _128>, Shape<_2, _1, _1>, Ping, EpiPing, false>;
 using CfgCoop128x128 = Config<Shape<_128, _128, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, false>;
 using CfgSwap128x64 = Config<Shape<_128, _64, _128>, Shape<_2, _1, _1>, Ping, EpiPing, true>;
+// Stream-K runs only under the cooperative schedule in CUTLASS's SM90 kernels.
+using CfgStreamK128x128 =
+    Config<Shape<_128, _128, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, false, true>;
+using CfgStreamK128x256 =
+    Config<Shape<_128, _256, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, false, true>;
+using CfgStreamKSwap128x64 =
+    Config<Shape<_128, _64, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, true, true>;
 
 template <class Cfg, class ElementD>
 struct Gemm {
@@ -86,11 +106,12 @@ struct Gemm {
       typename Cfg::KernelSchedule>::CollectiveOp;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
-                                                      CollectiveEpilogue>;
+                                                      CollectiveEpilogue, typename Cfg::Scheduler>;
   using Adapter = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-  static cudaError_t Run(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
-                         const float* sw, ElementD* y, int64_t m, int64_t k, int64_t n) {
+  static typename Adapter::Arguments MakeArgs(const int8_t* x, const float* sx, const int8_t* w,
+                                              const float* sw, ElementD* y, int64_t m, int64_t k,
+                                              int64_t n) {
     // GEMM rows/cols: (m, n) standard, (n, m) swapped; A is x or w accordingly.
     const int gm = static_cast<int>(kSwap ? n : m), gn = static_cast<int>(kSwap ? m : n);
     const int gk = static_cast<int>(k);
@@ -120,12 +141,34 @@ struct Gemm {
     // Visitor arguments: {{acc, s_x, mul}, s_w, mul}.
     args.epilogue.thread = {{{}, {sx}, {}}, {sw}, {}};
     args.hw_info.sm_count = SmCount();
+    if constexpr (Cfg::kStreamK) {
+      // Int32 partials: any order of addition gives the same sum (see the file comment), so the
+      // lock-free reduction costs no determinism. Heuristic: data-parallel waves, stream-K only
+      // for the tiles a whole wave would leave ragged.
+      using Scheduler = typename Kernel::TileScheduler;
+      args.scheduler.reduction_mode = Scheduler::ReductionMode::Nondeterministic;
+      args.scheduler.decomposition_mode = Scheduler::DecompositionMode::Heuristic;
+    }
+    return args;
+  }
 
+  // Bytes of workspace the call needs (0 for the data-parallel scheduler): stream-K's partial
+  // accumulators and barriers, which depend on the shape and the SM count only.
+  static size_t WorkspaceBytes(int64_t m, int64_t k, int64_t n) {
+    return Adapter::get_workspace_size(MakeArgs(nullptr, nullptr, nullptr, nullptr, nullptr, m, k, n));
+  }
+
+  // workspace: WorkspaceBytes() bytes or more, owned by the caller (an XLA result, so the call
+  // stays capturable in a command buffer); CUTLASS zeroes its barriers with cudaMemsetAsync.
+  static cudaError_t Run(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
+                         const float* sw, ElementD* y, int64_t m, int64_t k, int64_t n,
+                         void* workspace, size_t workspace_bytes) {
+    typename Adapter::Arguments args = MakeArgs(x, sx, w, sw, y, m, k, n);
     Adapter gemm;
     if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorNotSupported;
-    // No workspace (data-parallel persistent scheduler): nothing to allocate in the handler.
-    if (Adapter::get_workspace_size(args) != 0) return cudaErrorNotSupported;
-    if (gemm.initialize(args, nullptr, stream) != cutlass::Status::kSuccess) {
+    // Too little workspace (a forced kernel the caller did not size for): refuse before launch.
+    if (Adapter::get_workspace_size(args) > workspace_bytes) return cudaErrorNotSupported;
+    if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) {
       return cudaErrorNotSupported;
     }
     if (gemm.run(stream) != cutlass::Status::kSuccess) {

@@ -9,6 +9,9 @@ const char* Sm90TileName(Sm90Tile tile) {
     case Sm90Tile::kPing64x256: return "sm90_ping_64x256x128_c2x1";
     case Sm90Tile::kCoop128x128: return "sm90_coop_128x128x128_c2x1";
     case Sm90Tile::kSwap128x64: return "sm90_swap_ping_128x64x128_c2x1";
+    case Sm90Tile::kStreamK128x128: return "sm90_streamk_128x128x128_c2x1";
+    case Sm90Tile::kStreamK128x256: return "sm90_streamk_128x256x128_c2x1";
+    case Sm90Tile::kStreamKSwap128x64: return "sm90_streamk_swap_128x64x128_c2x1";
   }
   return "?";
 }
@@ -24,16 +27,25 @@ bool Sm90Supports(const void* x, const void* w, const void* y, int64_t k, int64_
 template <>
 cudaError_t RunSm90<float>(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
                            const int8_t* w, const float* sw, float* y, int64_t m, int64_t k,
-                           int64_t n) {
+                           int64_t n, void* workspace, size_t workspace_bytes) {
+  using sm90::Gemm;
   switch (tile) {
     case Sm90Tile::kCoop128x256:
-      return sm90::Gemm<sm90::CfgCoop128x256, float>::Run(stream, x, sx, w, sw, y, m, k, n);
+      return Gemm<sm90::CfgCoop128x256, float>::Run(stream, x, sx, w, sw, y, m, k, n, workspace,
+                                                 workspace_bytes);
     case Sm90Tile::kPing64x256:
-      return sm90::Gemm<sm90::CfgPing64x256, float>::Run(stream, x, sx, w, sw, y, m, k, n);
+      return Gemm<sm90::CfgPing64x256, float>::Run(stream, x, sx, w, sw, y, m, k, n, workspace,
+                                                 workspace_bytes);
     case Sm90Tile::kCoop128x128:
-      return sm90::Gemm<sm90::CfgCoop128x128, float>::Run(stream, x, sx, w, sw, y, m, k, n);
+      return Gemm<sm90::CfgCoop128x128, float>::Run(stream, x, sx, w, sw, y, m, k, n, workspace,
+                                                 workspace_bytes);
     case Sm90Tile::kSwap128x64:
-      return sm90::Gemm<sm90::CfgSwap128x64, float>::Run(stream, x, sx, w, sw, y, m, k, n);
+      return Gemm<sm90::CfgSwap128x64, float>::Run(stream, x, sx, w, sw, y, m, k, n, workspace,
+                                                 workspace_bytes);
+    case Sm90Tile::kStreamK128x128:
+    case Sm90Tile::kStreamK128x256:
+    case Sm90Tile::kStreamKSwap128x64:
+      return RunSm90StreamK(tile, stream, x, sx, w, sw, y, m, k, n, workspace, workspace_bytes);
   }
   return cudaErrorNotSupported;
 }

@@ -42,6 +42,12 @@ def register() -> dict[str, tuple[str, ...]]:
         return _registered
 
 
+def extension_module():
+    """The compiled extension module, or None when it is not built."""
+    register()
+    return None if _import_error is not None else _load_extension()
+
+
 def extension_missing_error() -> RuntimeError:
     return RuntimeError(
         "prism_jax's compiled kernels (prism_jax._prism_ops) are not built: run `make build` "

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from prism_jax.ops import _checks
-from prism_jax.ops._registry import require_target
+from prism_jax.ops._registry import extension_module, require_target
 from prism_jax.ops.dispatch import Impl, resolve_impl
 
 OP = "int8_gemm"
@@ -45,17 +45,35 @@ def int8_gemm_reference(x_q, s_x, w_q, s_w, out_dtype=jnp.float32) -> jax.Array:
     return y.astype(out_dtype)
 
 
+def workspace_bytes(m: int, k: int, n: int, out_dtype) -> int:
+    """Bytes of the workspace result prism_int8_gemm gets: what the CUDA handler's kernel for
+    this shape needs (stream-K partial sums; cc/ops/int8_gemm_sm90.cuh), at least 1. The
+    handler picks its kernel from the shape and PRISM_INT8_GEMM_KERNEL, as this asks it at
+    trace time; a workspace too small for the kernel in force at run time makes it run the
+    kernel's data-parallel twin (same bits). CPU-only builds and machines without a CUDA device
+    need none."""
+    module = extension_module()
+    if module is None or not getattr(module, "with_cuda", False):
+        return 1
+    f32 = jnp.dtype(out_dtype) == jnp.dtype(jnp.float32)
+    return max(1, int(module.int8_gemm_workspace_bytes(m, k, n, f32)))
+
+
 def _int8_gemm_ffi(x_q, s_x, w_q, s_w, out_dtype) -> jax.Array:
     require_target("prism_int8_gemm")
     lead = x_q.shape[:-1]
     x2 = x_q.reshape(-1, x_q.shape[-1])  # (M, K)
+    (m, k), n = x2.shape, w_q.shape[0]
     call = jax.ffi.ffi_call(
         "prism_int8_gemm",
-        jax.ShapeDtypeStruct((x2.shape[0], w_q.shape[0]), out_dtype),
+        (
+            jax.ShapeDtypeStruct((m, n), out_dtype),
+            jax.ShapeDtypeStruct((workspace_bytes(m, k, n, out_dtype),), jnp.uint8),
+        ),
         vmap_method="sequential",
     )
-    y = call(x2, s_x.reshape(-1), w_q, s_w)
-    return y.reshape(*lead, w_q.shape[0])  # (..., N)
+    y, _ = call(x2, s_x.reshape(-1), w_q, s_w)
+    return y.reshape(*lead, n)  # (..., N)
 
 
 def int8_gemm(x_q, s_x, w_q, s_w, *, out_dtype=jnp.float32, impl: Impl | None = None):

@@ -63,7 +63,8 @@ def test_value_error_names_argument(case):
 
 def test_handler_rejects_bad_shapes_directly():
     ops.register()
-    call = jax.ffi.ffi_call("prism_int8_gemm", jax.ShapeDtypeStruct((4, 3), jnp.float32))
+    outs = (jax.ShapeDtypeStruct((4, 3), jnp.float32), jax.ShapeDtypeStruct((1,), jnp.uint8))
+    call = jax.ffi.ffi_call("prism_int8_gemm", outs)
     with pytest.raises(Exception, match="w_q must be \\[N, K\\]"):
         jax.block_until_ready(call(i8(4, 8), f32(4), i8(3, 9), f32(3)))
 

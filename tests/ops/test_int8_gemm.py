@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from prism_jax import ops
+from prism_jax.ops.int8_gemm import workspace_bytes
 from tests.conftest import assert_bitwise_equal, run_on
 from tests.ops.invariance import check_row_invariance
 
@@ -96,6 +97,9 @@ CUDA_KERNELS = [
     "sm90_ping_64x256x128_c2x1",
     "sm90_coop_128x128x128_c2x1",
     "sm90_swap_ping_128x64x128_c2x1",
+    "sm90_streamk_128x128x128_c2x1",
+    "sm90_streamk_128x256x128_c2x1",
+    "sm90_streamk_swap_128x64x128_c2x1",
 ]
 FORCED_SHAPES = [(1, 272, 200), (13, 1040, 136), (27, 2064, 72), (64, 5376, 264), (300, 528, 392)]
 
@@ -117,6 +121,33 @@ def test_each_cuda_kernel_exact(gpu, rng, monkeypatch, kernel, m, k, n, out_dtyp
     y = run_on(gpu, ops.int8_gemm, x, s_x, w, s_w, out_dtype=out_dtype)
     expected = epilogue(x.astype(np.int64) @ w.astype(np.int64).T, s_x, s_w)
     assert_bitwise_equal(y, np.asarray(jnp.asarray(expected).astype(out_dtype)), kernel)
+
+
+# Shapes where the stream-K tiles really split K across CTAs (fewer output tiles than SMs, many
+# k-tiles each; K no multiple of 128, so a peer's share can end on the ragged last k-tile).
+STREAMK_KERNELS = [
+    "sm90_streamk_128x128x128_c2x1",
+    "sm90_streamk_128x256x128_c2x1",
+    "sm90_streamk_swap_128x64x128_c2x1",
+]
+STREAMK_SHAPES = [(256, 4112, 392), (130, 21504, 264), (520, 2064, 5376), (40, 5392, 1032)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", STREAMK_KERNELS)
+@pytest.mark.parametrize("m,k,n", STREAMK_SHAPES)
+def test_stream_k_partial_sums_exact(gpu, rng, monkeypatch, kernel, m, k, n):
+    monkeypatch.setenv("PRISM_INT8_GEMM_KERNEL", kernel)
+    needed = workspace_bytes(m, k, n, jnp.float32)
+    assert needed > 1, f"{kernel} at {(m, k, n)} wants no workspace: stream-K would not split"
+    x, w = random_int8(rng, (m, k), extreme=True), random_int8(rng, (n, k), extreme=True)
+    acc64 = x.astype(np.int64) @ w.astype(np.int64).T
+    y = run_on(gpu, ops.int8_gemm, x, np.ones(m, np.float32), w, np.ones(n, np.float32))
+    assert_bitwise_equal(y, acc64.astype(np.float32), f"{kernel}: integer part")
+    s_x = rng.uniform(1e-4, 1e-1, m).astype(np.float32)
+    s_w = rng.uniform(1e-4, 1e-1, n).astype(np.float32)
+    y = run_on(gpu, ops.int8_gemm, x, s_x, w, s_w)
+    assert_bitwise_equal(y, epilogue(acc64, s_x, s_w), f"{kernel}: epilogue")
 
 
 @pytest.mark.gpu
