@@ -53,7 +53,6 @@ SM90 = (
 STREAMK = (
     "sm90_streamk_128x128x128_c2x1",
     "sm90_streamk_128x256x128_c2x1",
-    "sm90_streamk_swap_128x64x128_c2x1",
 )
 
 
@@ -62,7 +61,7 @@ def variants_for(m: int) -> list[str]:
     if m <= 16:
         return list(DECODE)
     if m <= 64:
-        return ["decode16", "decode32", SM90[3], SM90[2], STREAMK[2], STREAMK[0]]
+        return ["decode16", "decode32", SM90[3], SM90[2], STREAMK[0]]
     if m <= 256:
         return [SM90[3], SM90[2], SM90[1], SM90[0], *STREAMK]
     return [SM90[0], SM90[1], SM90[2], STREAMK[0], STREAMK[1]]

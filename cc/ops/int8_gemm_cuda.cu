@@ -2,10 +2,11 @@
 //   y[m, n] = float(sum_k x_q[m, k] * w_q[n, k]) * s_x[m] * s_w[n], y f32 or bf16.
 // Shapes: M tokens, K input features, N output features; x_q [M, K] and w_q [N, K] row-major.
 //
-// One kernel per call, picked from M (kBuckets below, chosen from measurements on an H200:
-// benchmarks/results/gemm_h200/):
+// One kernel per call, picked from M, N and K (kBuckets below, chosen from measurements on an
+// H200: benchmarks/results/gemm_h200*/):
 //   M <= 8             the weight-streaming decode kernel (int8_gemm_decode.cu)
-//   larger M           a CUTLASS SM90 kernel (int8_gemm_sm90_*.cu), tile by M bucket
+//   larger M           a CUTLASS SM90 kernel (int8_gemm_sm90_*.cu), data-parallel or stream-K;
+//                      stream-K's partial sums live in the call's workspace result
 //   anything else      (K % 16 != 0, unaligned rows or pointers) the shared-memory __dp4a
 //                      kernel below, correct for any M, K, N.
 // Every kernel sums in int32 exactly and applies (acc * s_x) * s_w in fp32, so all give the CPU's
@@ -139,27 +140,41 @@ cudaError_t LaunchSimt(cudaStream_t stream, const int8_t* x, const float* sx, co
   return cudaGetLastError();
 }
 
-// What runs for M up to max_m (buckets in increasing order; the last one is open-ended).
-// decode_rows > 0: the decode kernel with that many weight rows per block; else `tile`.
-// From the H200 sweep (benchmarks/results/gemm_h200/README.md): M = 1: decode32 best or tied;
-// M = 16: the decode kernel streamed gate_up at 2.3 TB/s where the swapped CUTLASS tile, at
-// M = 64 already, did 2.8 (it only gets faster with fewer tokens); M = 64: swapped tile best;
-// M = 1024: ping-pong 64x256 best or tied on three shapes of four; M = 4096: only 128x256 was
-// measured. M = 256 and 512 (2026-11-30, results/gemm_h200_session4/): at M = 512 the
-// 128x256 tile beat 128x128 on down (902 vs 784 TOP/s) and qkv (888 vs 865), tied on o and lost
-// on gate_up (991 vs 1033), so the bucket up to 512 splits by N; at M = 256, 128x128 stays.
+// What runs for M up to max_m (buckets in increasing order, the first match wins; the last one
+// is open-ended). A bucket may also ask N >= min_n or K >= min_k. decode_rows > 0: the decode
+// kernel with that many weight rows per block; else `tile`.
+// From the H200 sweeps: M = 1: decode32 best or tied; M = 16: the decode kernel streamed gate_up
+// at 2.3 TB/s where the swapped CUTLASS tile, at M = 64 already, did 2.8
+// (results/gemm_h200/); M = 64 and 128: the swapped tile best, except gate_up at 128 where
+// ping-pong 64x256 did 622 TOP/s against 510 (results/gemm_h200_session5/, --runs 5, +-10 %).
+// Same sweep, TOP/s: stream-K pays on down (K = 21504: few output tiles, long K), at M = 256
+// 827 vs 797 (128x128), M = 512 1047 vs 884, M = 1024 1168 (128x256) vs 1039 (ping-pong), and
+// loses on o (K = 4096) where its reductions cost more than the idle SMs it fills. gate_up at
+// M = 256 takes 128x256 (1002 vs 908); at M = 512 ping-pong (1067 vs 1035; o 615 vs 575);
+// at M = 1024 128x256 (gate_up 1257, qkv 1070) and 128x128 for o (884 vs 725). M = 2048:
+// ping-pong (results/gemm_h200/, not remeasured); M = 4096: only 128x256 was measured.
 struct Bucket {
   int64_t max_m;
   int decode_rows;
   Sm90Tile tile;
-  int64_t max_n = INT64_MAX;  // the bucket applies only to N <= max_n
+  int64_t min_n = 0;  // the bucket applies only to N >= min_n ...
+  int64_t min_k = 0;  // ... and K >= min_k
 };
+constexpr int64_t kWideN = 16384;  // gate_up (N = 43008) among the 27B shapes
+constexpr int64_t kLongK = 8192;   // down (K = 21504)
 constexpr Bucket kBucketsF32[] = {
     {8, 32, Sm90Tile::kSwap128x64},
-    {64, 0, Sm90Tile::kStreamKSwap128x64},
-    {256, 0, Sm90Tile::kStreamK128x128},
-    {512, 0, Sm90Tile::kStreamK128x256, 8192},
-    {512, 0, Sm90Tile::kStreamK128x128},
+    {64, 0, Sm90Tile::kSwap128x64},
+    {128, 0, Sm90Tile::kPing64x256, kWideN},
+    {128, 0, Sm90Tile::kSwap128x64},
+    {256, 0, Sm90Tile::kCoop128x256, kWideN},
+    {256, 0, Sm90Tile::kStreamK128x128, 0, kLongK},
+    {256, 0, Sm90Tile::kCoop128x128},
+    {512, 0, Sm90Tile::kStreamK128x128, 0, kLongK},
+    {512, 0, Sm90Tile::kPing64x256},
+    {1024, 0, Sm90Tile::kStreamK128x256, 0, kLongK},
+    {1024, 0, Sm90Tile::kCoop128x256, 8192},
+    {1024, 0, Sm90Tile::kCoop128x128},
     {2048, 0, Sm90Tile::kPing64x256},
     {INT64_MAX, 0, Sm90Tile::kCoop128x256},
 };
@@ -171,9 +186,9 @@ constexpr Bucket kBucketsBf16[] = {
 };
 
 template <size_t kCount>
-Bucket Pick(const Bucket (&table)[kCount], int64_t m, int64_t n) {
+Bucket Pick(const Bucket (&table)[kCount], int64_t m, int64_t k, int64_t n) {
   for (const Bucket& b : table) {
-    if (m <= b.max_m && n <= b.max_n) return b;
+    if (m <= b.max_m && n >= b.min_n && k >= b.min_k) return b;
   }
   return table[kCount - 1];
 }
@@ -201,11 +216,12 @@ bool Forced(int64_t m, Bucket* choice, bool* simt) {
 
 // The kernel for this call: the benchmark override if set, else the bucket for (M, N).
 template <typename OutT>
-Bucket Choose(int64_t m, int64_t n, bool* simt) {
+Bucket Choose(int64_t m, int64_t k, int64_t n, bool* simt) {
   Bucket choice;
   *simt = false;
   if (!Forced(m, &choice, simt)) {
-    choice = std::is_same_v<OutT, float> ? Pick(kBucketsF32, m, n) : Pick(kBucketsBf16, m, n);
+    choice = std::is_same_v<OutT, float> ? Pick(kBucketsF32, m, k, n)
+                                         : Pick(kBucketsBf16, m, k, n);
   }
   return choice;
 }
@@ -215,17 +231,16 @@ Sm90Tile DataParallelTwin(Sm90Tile tile) {
   switch (tile) {
     case Sm90Tile::kStreamK128x128: return Sm90Tile::kCoop128x128;
     case Sm90Tile::kStreamK128x256: return Sm90Tile::kCoop128x256;
-    case Sm90Tile::kStreamKSwap128x64: return Sm90Tile::kSwap128x64;
     default: return tile;
   }
 }
 
 template <typename OutT>
-ffi::Error Launch(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
-                  const float* sw, OutT* y, int64_t m, int64_t k, int64_t n, void* workspace,
-                  size_t workspace_bytes) {
+cudaError_t Dispatch(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
+                     const float* sw, OutT* y, int64_t m, int64_t k, int64_t n, void* workspace,
+                     size_t workspace_bytes) {
   bool simt = false;
-  const Bucket choice = Choose<OutT>(m, n, &simt);
+  const Bucket choice = Choose<OutT>(m, k, n, &simt);
   cudaError_t e = cudaErrorNotSupported;
   if (!simt && k >= 16) {
     if (choice.decode_rows > 0 && DecodeSupports(x, w, m, k)) {
@@ -239,6 +254,14 @@ ffi::Error Launch(cudaStream_t stream, const int8_t* x, const float* sx, const i
   }
   // Not supported for this shape or alignment (nothing was launched): the general kernel.
   if (e == cudaErrorNotSupported) e = LaunchSimt(stream, x, sx, w, sw, y, m, k, n);
+  return e;
+}
+
+template <typename OutT>
+ffi::Error Launch(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
+                  const float* sw, OutT* y, int64_t m, int64_t k, int64_t n, void* workspace,
+                  size_t workspace_bytes) {
+  const cudaError_t e = Dispatch(stream, x, sx, w, sw, y, m, k, n, workspace, workspace_bytes);
   if (e == cudaSuccess) return ffi::Error::Success();
   return ffi::Error::Internal(std::string("prism_int8_gemm: CUDA launch failed: ") +
                               cudaGetErrorString(e));
@@ -270,6 +293,12 @@ ffi::Error Int8GemmCuda(cudaStream_t stream, ffi::BufferR2<ffi::S8> x_q,
 }
 
 }  // namespace
+
+cudaError_t RunInt8GemmF32(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
+                           const float* sw, float* y, int64_t m, int64_t k, int64_t n) {
+  return Dispatch(stream, x, sx, w, sw, y, m, k, n, nullptr, 0);
+}
+
 }  // namespace prism
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismInt8GemmCuda, prism::Int8GemmCuda,
@@ -289,7 +318,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismInt8GemmCuda, prism::Int8GemmCuda,
 size_t PrismInt8GemmWorkspaceBytes(int64_t m, int64_t k, int64_t n, bool f32) {
   if (!f32 || m <= 0 || n <= 0) return 0;  // no bf16 stream-K tile is built
   bool simt = false;
-  const prism::Bucket choice = prism::Choose<float>(m, n, &simt);
+  const prism::Bucket choice = prism::Choose<float>(m, k, n, &simt);
   if (simt || choice.decode_rows > 0) return 0;
   return prism::Sm90WorkspaceBytes(choice.tile, m, k, n);
 }
