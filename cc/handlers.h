@@ -7,7 +7,6 @@
 // X(target_name, cpu_symbol, cuda_symbol)
 #define PRISM_FOR_EACH_HANDLER(X)                                              \
   X("prism_int8_gemm", PrismInt8GemmCpu, PrismInt8GemmCuda)                    \
-  X("prism_int8_gemm_add_pair", PrismInt8GemmAddPairCpu, PrismInt8GemmAddPairCuda) \
   X("prism_rmsnorm", PrismRmsNormCpu, PrismRmsNormCuda)                        \
   X("prism_rmsnorm_quant", PrismRmsNormQuantCpu, PrismRmsNormQuantCuda)        \
   X("prism_add_rmsnorm_quant", PrismAddRmsNormQuantCpu, PrismAddRmsNormQuantCuda) \

@@ -10,7 +10,6 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TARGETS = {
     "prism_int8_gemm",
-    "prism_int8_gemm_add_pair",
     "prism_rmsnorm",
     "prism_rmsnorm_quant",
     "prism_add_rmsnorm_quant",

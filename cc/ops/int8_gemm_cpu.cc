@@ -116,45 +116,8 @@ ffi::Error Int8GemmCpu(ffi::ThreadPool pool, ffi::BufferR2<ffi::S8> x_q, ffi::Bu
   return ffi::Error::Success();
 }
 
-// prism_int8_gemm_add_pair: y = pair[:M] + (pair[M:] + gemm), the GEMM's fp32 result first,
-// then the two adds in that association (prism_jax/ops/int8_gemm_add_pair.py).
-ffi::Error Int8GemmAddPairCpu(ffi::ThreadPool pool, ffi::BufferR2<ffi::S8> x_q,
-                              ffi::BufferR1<ffi::F32> s_x, ffi::BufferR2<ffi::S8> w_q,
-                              ffi::BufferR1<ffi::F32> s_w, ffi::BufferR2<ffi::F32> pair,
-                              ffi::Result<ffi::BufferR2<ffi::F32>> y) {
-  const int64_t m = x_q.dimensions()[0], k = x_q.dimensions()[1];
-  const int64_t n = w_q.dimensions()[0];
-  PRISM_REQUIRE(w_q.dimensions()[1] == k, "prism_int8_gemm_add_pair: w_q must be [N, K]");
-  PRISM_REQUIRE(s_x.dimensions()[0] == m && s_w.dimensions()[0] == n,
-                "prism_int8_gemm_add_pair: s_x must be [M] and s_w [N]");
-  PRISM_REQUIRE(pair.dimensions()[0] == 2 * m && pair.dimensions()[1] == n,
-                "prism_int8_gemm_add_pair: pair must be [2M, N], got " +
-                    DimsToString(pair.dimensions()));
-  PRISM_REQUIRE(y->dimensions()[0] == m && y->dimensions()[1] == n,
-                "prism_int8_gemm_add_pair: y must be [M, N]");
-  float* out = y->typed_data();
-  Gemm(pool, x_q.typed_data(), s_x.typed_data(), w_q.typed_data(), s_w.typed_data(), out, m, k,
-       n);
-  const float* a = pair.typed_data();
-  const float* b = a + m * n;
-  ParallelFor(pool, m, [&](int64_t i) {
-    for (int64_t j = i * n; j < (i + 1) * n; ++j) out[j] = a[j] + (b[j] + out[j]);
-  });
-  return ffi::Error::Success();
-}
-
 }  // namespace
 }  // namespace prism
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismInt8GemmAddPairCpu, prism::Int8GemmAddPairCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::ThreadPool>()
-                                  .Arg<xla::ffi::BufferR2<xla::ffi::S8>>()   // x_q [M, K]
-                                  .Arg<xla::ffi::BufferR1<xla::ffi::F32>>()  // s_x [M]
-                                  .Arg<xla::ffi::BufferR2<xla::ffi::S8>>()   // w_q [N, K]
-                                  .Arg<xla::ffi::BufferR1<xla::ffi::F32>>()  // s_w [N]
-                                  .Arg<xla::ffi::BufferR2<xla::ffi::F32>>()  // pair [2M, N]
-                                  .Ret<xla::ffi::BufferR2<xla::ffi::F32>>());  // y [M, N]
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismInt8GemmCpu, prism::Int8GemmCpu,
                               xla::ffi::Ffi::Bind()

@@ -231,6 +231,7 @@ Sm90Tile DataParallelTwin(Sm90Tile tile) {
   switch (tile) {
     case Sm90Tile::kStreamK128x128: return Sm90Tile::kCoop128x128;
     case Sm90Tile::kStreamK128x256: return Sm90Tile::kCoop128x256;
+    case Sm90Tile::kStreamK128x256C22: return Sm90Tile::kCoop128x256C22;
     default: return tile;
   }
 }
@@ -293,11 +294,6 @@ ffi::Error Int8GemmCuda(cudaStream_t stream, ffi::BufferR2<ffi::S8> x_q,
 }
 
 }  // namespace
-
-cudaError_t RunInt8GemmF32(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
-                           const float* sw, float* y, int64_t m, int64_t k, int64_t n) {
-  return Dispatch(stream, x, sx, w, sw, y, m, k, n, nullptr, 0);
-}
 
 }  // namespace prism
 

@@ -22,8 +22,11 @@ enum class Sm90Tile {
   kSwap128x64,   // y^T = w x^T: tile 128 weight rows x 64 tokens x 128, ping-pong: small M
   kStreamK128x128,  // cooperative 128x128x128 with the stream-K scheduler (needs workspace)
   kStreamK128x256,  // cooperative 128x256x128 with the stream-K scheduler (needs workspace)
+  kCoop128x256C22,    // kCoop128x256 with a 2x2 cluster (x and w tiles both multicast)
+  kCoop128x128C22,    // kCoop128x128 with a 2x2 cluster
+  kStreamK128x256C22,  // kStreamK128x256 with a 2x2 cluster (needs workspace)
 };
-constexpr int kSm90TileCount = 6;
+constexpr int kSm90TileCount = 9;
 const char* Sm90TileName(Sm90Tile tile);
 
 bool Sm90Supports(const void* x, const void* w, const void* y, int64_t k, int64_t n,
@@ -38,6 +41,11 @@ cudaError_t RunSm90(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const f
                     const int8_t* w, const float* sw, OutT* y, int64_t m, int64_t k, int64_t n,
                     void* workspace, size_t workspace_bytes);
 
+// 2x2-cluster data-parallel tiles, float32 output (int8_gemm_sm90_cluster.cu): as RunSm90.
+cudaError_t RunSm90Cluster(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
+                           const int8_t* w, const float* sw, float* y, int64_t m, int64_t k,
+                           int64_t n);
+
 // Stream-K tiles, float32 output (int8_gemm_sm90_streamk.cu): same contract as RunSm90.
 cudaError_t RunSm90StreamK(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
                            const int8_t* w, const float* sw, float* y, int64_t m, int64_t k,
@@ -46,18 +54,6 @@ cudaError_t RunSm90StreamK(Sm90Tile tile, cudaStream_t stream, const int8_t* x, 
 // Workspace bytes `tile` needs for an [M, K] x [N, K] GEMM with float32 output on this device
 // (0 for the data-parallel tiles, and when no CUDA device is visible).
 size_t Sm90WorkspaceBytes(Sm90Tile tile, int64_t m, int64_t k, int64_t n);
-
-// The Sm90 kernels with prism_int8_gemm_add_pair's epilogue, y = a + (b + gemm), float32 only
-// (int8_gemm_add_pair_cuda.cu): kCoop128x128 and kSwap128x64 are built; other tiles return
-// cudaErrorNotSupported. a and b are [M, N] row-major like y.
-cudaError_t RunSm90AddPair(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
-                           const int8_t* w, const float* sw, const float* a, const float* b,
-                           float* y, int64_t m, int64_t k, int64_t n);
-
-// prism_int8_gemm's whole dispatch for float32 output, without a workspace (stream-K tiles run
-// their data-parallel twins): int8_gemm_cuda.cu.
-cudaError_t RunInt8GemmF32(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
-                           const float* sw, float* y, int64_t m, int64_t k, int64_t n);
 
 // Weight-streaming kernel for small M (int8_gemm_decode.cu): mma.sync m16n8k32 on 16-row slabs
 // of w, K split across the 8 warps of a block, partial sums added exactly in shared memory.

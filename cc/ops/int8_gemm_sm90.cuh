@@ -66,12 +66,14 @@ using CfgStreamK128x128 =
     Config<Shape<_128, _128, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, false, true>;
 using CfgStreamK128x256 =
     Config<Shape<_128, _256, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, false, true>;
+// 2x2 clusters: TMA multicasts each x tile to the 2 CTAs of the cluster's two N tiles as well
+// as each w tile to its two M tiles, halving the L2-to-SM traffic of both operands.
+using CfgCoop128x256C22 = Config<Shape<_128, _256, _128>, Shape<_2, _2, _1>, Coop, EpiCoop, false>;
+using CfgCoop128x128C22 = Config<Shape<_128, _128, _128>, Shape<_2, _2, _1>, Coop, EpiCoop, false>;
+using CfgStreamK128x256C22 =
+    Config<Shape<_128, _256, _128>, Shape<_2, _2, _1>, Coop, EpiCoop, false, true>;
 
-// kAddPair (float output only): the epilogue also reads a and b (pa, pb), [M, N] each laid out
-// like D, and writes a + (b + (acc * s_x) * s_w): prism_int8_gemm_add_pair's two-digit partial
-// sums, in the association the model's XLA code used (-fmad=false keeps the multiply and the
-// adds separately rounded). Both are loaded from global memory into registers (no smem stage).
-template <class Cfg, class ElementD, bool kAddPair = false>
+template <class Cfg, class ElementD>
 struct Gemm {
   using TileShape = typename Cfg::TileShape;
   static constexpr bool kSwap = Cfg::kSwap;
@@ -91,16 +93,9 @@ struct Gemm {
   using AccTimesSx = fusion::Sm90EVT<
       fusion::Sm90Compute<cutlass::multiplies, float, float, cutlass::FloatRoundStyle::round_to_nearest>,
       fusion::Sm90AccFetch, TokenScale>;
-  using Scaled = fusion::Sm90EVT<
+  using Epilogue = fusion::Sm90EVT<
       fusion::Sm90Compute<cutlass::multiplies, ElementD, float, cutlass::FloatRoundStyle::round_to_nearest>,
       AccTimesSx, WeightScale>;
-  using Partial = fusion::Sm90AuxLoad<0, TileShape, float, LayoutD, void, void, 4, false>;
-  using Plus = fusion::Sm90Compute<cutlass::plus, float, float,
-                                   cutlass::FloatRoundStyle::round_to_nearest>;
-  using Epilogue = std::conditional_t<
-      kAddPair,
-      fusion::Sm90EVT<Plus, Partial, fusion::Sm90EVT<Plus, Partial, Scaled>>,  // a + (b + e)
-      Scaled>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, typename Cfg::ClusterShape,
@@ -120,8 +115,7 @@ struct Gemm {
 
   static typename Adapter::Arguments MakeArgs(const int8_t* x, const float* sx, const int8_t* w,
                                               const float* sw, ElementD* y, int64_t m, int64_t k,
-                                              int64_t n, const float* pa = nullptr,
-                                              const float* pb = nullptr) {
+                                              int64_t n) {
     // GEMM rows/cols: (m, n) standard, (n, m) swapped; A is x or w accordingly.
     const int gm = static_cast<int>(kSwap ? n : m), gn = static_cast<int>(kSwap ? m : n);
     const int gk = static_cast<int>(k);
@@ -148,14 +142,8 @@ struct Gemm {
         {gm, gn, gk, 1},
         {a, stride_a, b, stride_b},
         {{}, nullptr, stride_d, y, stride_d}};
-    // Visitor arguments: {{acc, s_x, mul}, s_w, mul}, inside {pa, {pb, that, plus}, plus}.
-    if constexpr (kAddPair) {
-      args.epilogue.thread = {{pa, 0.0f, stride_d},
-                              {{pb, 0.0f, stride_d}, {{{}, {sx}, {}}, {sw}, {}}, {}},
-                              {}};
-    } else {
-      args.epilogue.thread = {{{}, {sx}, {}}, {sw}, {}};
-    }
+    // Visitor arguments: {{acc, s_x, mul}, s_w, mul}.
+    args.epilogue.thread = {{{}, {sx}, {}}, {sw}, {}};
     args.hw_info.sm_count = SmCount();
     if constexpr (Cfg::kStreamK) {
       // Int32 partials: any order of addition gives the same sum (see the file comment), so the
@@ -179,9 +167,8 @@ struct Gemm {
   // stays capturable in a command buffer); CUTLASS zeroes its barriers with cudaMemsetAsync.
   static cudaError_t Run(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
                          const float* sw, ElementD* y, int64_t m, int64_t k, int64_t n,
-                         void* workspace, size_t workspace_bytes, const float* pa = nullptr,
-                         const float* pb = nullptr) {
-    typename Adapter::Arguments args = MakeArgs(x, sx, w, sw, y, m, k, n, pa, pb);
+                         void* workspace, size_t workspace_bytes) {
+    typename Adapter::Arguments args = MakeArgs(x, sx, w, sw, y, m, k, n);
     Adapter gemm;
     if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorNotSupported;
     // Too little workspace (a forced kernel the caller did not size for): refuse before launch.

@@ -168,10 +168,6 @@ class Linear(nnx.Module):
         else:  # both digits in one GEMM: the weights are read once
             q = jnp.concatenate([x.q, x.q2])  # (2T, K)
             y2 = ops.int8_gemm(q, jnp.concatenate([x.s, x.s2]), w_q, s_w, out_dtype=jnp.float32)
-            if self.w_q2 is not None:  # y2[:t] + (y2[t:] + x1 W2), added in the GEMM's epilogue
-                w_q2 = self.w_q2[...].reshape(-1, self.in_dim)  # (prod(out), K)
-                s_w2 = self.s_w2[...].reshape(-1)
-                return ops.int8_gemm_add_pair(x.q, x.s, w_q2, s_w2, y2)  # (T, prod(out))
             y, small = y2[:t], y2[t:]  # (T, prod(out)) each
         if self.w_q2 is not None:
             w_q2 = self.w_q2[...].reshape(-1, self.in_dim)  # (prod(out), K)

@@ -10,7 +10,6 @@ from prism_jax.ops.candidate_head import candidate_head, vocab_logsumexp
 from prism_jax.ops.dispatch import current_impl, use_impl
 from prism_jax.ops.glu_quant import glu_quant, glu_quant2, glu_quant2_pair, glu_quant_pair
 from prism_jax.ops.int8_gemm import int8_gemm
-from prism_jax.ops.int8_gemm_add_pair import int8_gemm_add_pair
 from prism_jax.ops.quantize import (
     dequantize_rows,
     quantize_remainder,
@@ -32,7 +31,6 @@ __all__ = [
     "glu_quant2_pair",
     "glu_quant_pair",
     "int8_gemm",
-    "int8_gemm_add_pair",
     "pack_chains",
     "quantize_remainder",
     "quantize_rows",
