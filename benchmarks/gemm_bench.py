@@ -54,11 +54,6 @@ STREAMK = (
     "sm90_streamk_128x128x128_c2x1",
     "sm90_streamk_128x256x128_c2x1",
 )
-CLUSTER22 = (
-    "sm90_coop_128x256x128_c2x2",
-    "sm90_coop_128x128x128_c2x2",
-    "sm90_streamk_128x256x128_c2x2",
-)
 
 
 def variants_for(m: int) -> list[str]:
@@ -68,8 +63,8 @@ def variants_for(m: int) -> list[str]:
     if m <= 64:
         return ["decode16", "decode32", SM90[3], SM90[2], STREAMK[0]]
     if m <= 256:
-        return [SM90[3], SM90[2], SM90[1], SM90[0], *STREAMK, *CLUSTER22]
-    return [SM90[0], SM90[1], SM90[2], *STREAMK, *CLUSTER22]
+        return [SM90[3], SM90[2], SM90[1], SM90[0], *STREAMK]
+    return [SM90[0], SM90[1], SM90[2], *STREAMK]
 
 
 def stats(per_op_s: list[float]) -> dict:

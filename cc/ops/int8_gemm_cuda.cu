@@ -145,14 +145,18 @@ cudaError_t LaunchSimt(cudaStream_t stream, const int8_t* x, const float* sx, co
 // kernel with that many weight rows per block; else `tile`.
 // From the H200 sweeps: M = 1: decode32 best or tied; M = 16: the decode kernel streamed gate_up
 // at 2.3 TB/s where the swapped CUTLASS tile, at M = 64 already, did 2.8
-// (results/gemm_h200/); M = 64 and 128: the swapped tile best, except gate_up at 128 where
-// ping-pong 64x256 did 622 TOP/s against 510 (results/gemm_h200_session5/, --runs 5, +-10 %).
-// Same sweep, TOP/s: stream-K pays on down (K = 21504: few output tiles, long K), at M = 256
-// 827 vs 797 (128x128), M = 512 1047 vs 884, M = 1024 1168 (128x256) vs 1039 (ping-pong), and
-// loses on o (K = 4096) where its reductions cost more than the idle SMs it fills. gate_up at
-// M = 256 takes 128x256 (1002 vs 908); at M = 512 ping-pong (1067 vs 1035; o 615 vs 575);
-// at M = 1024 128x256 (gate_up 1257, qkv 1070) and 128x128 for o (884 vs 725). M = 2048:
-// ping-pong (results/gemm_h200/, not remeasured); M = 4096: only 128x256 was measured.
+// (results/gemm_h200/). Two sweeps of session 5 (results/gemm_h200_session5/, 5 runs a cell;
+// the same kernel moved by up to 20 % between them), TOP/s: M = 64 and 128, the swapped tile,
+// except gate_up at 128 where ping-pong 64x256 did 622 against 510 (the non-swapped 128-row
+// tiles leave one CTA of each 2x1 cluster idle at M <= 128); stream-K pays on down (K = 21504:
+// few output tiles, long K) at M = 256 (827 / 811 vs 797 / 775 for 128x128) and M = 1024 (1168
+// / 1257 for 128x256 vs 1039 / 1077 ping-pong), less clearly at M = 512 (1047 / 829 vs 884 /
+// 880 for 128x256), and loses on o (K = 4096; M = 1024: 734 vs 884 for 128x128). Elsewhere:
+// gate_up takes 128x256 at M = 256 (1002 / 958 vs 908 / 904) and 1024, ping-pong at 512
+// (1067 / 1115 vs 1035 / 1082); qkv and o take 128x256 at 512 (qkv 909 / 917 vs 878 / 876
+// ping-pong) and o 128x128 at 1024 (884 / 813). 2x2 clusters (x multicast too) lost or tied
+// everywhere (cluster2x2_7d9ba2a/). M = 2048: ping-pong (results/gemm_h200/, not remeasured);
+// M = 4096: only 128x256 was measured.
 struct Bucket {
   int64_t max_m;
   int decode_rows;
@@ -171,7 +175,8 @@ constexpr Bucket kBucketsF32[] = {
     {256, 0, Sm90Tile::kStreamK128x128, 0, kLongK},
     {256, 0, Sm90Tile::kCoop128x128},
     {512, 0, Sm90Tile::kStreamK128x128, 0, kLongK},
-    {512, 0, Sm90Tile::kPing64x256},
+    {512, 0, Sm90Tile::kPing64x256, kWideN},
+    {512, 0, Sm90Tile::kCoop128x256},
     {1024, 0, Sm90Tile::kStreamK128x256, 0, kLongK},
     {1024, 0, Sm90Tile::kCoop128x256, 8192},
     {1024, 0, Sm90Tile::kCoop128x128},
@@ -231,7 +236,6 @@ Sm90Tile DataParallelTwin(Sm90Tile tile) {
   switch (tile) {
     case Sm90Tile::kStreamK128x128: return Sm90Tile::kCoop128x128;
     case Sm90Tile::kStreamK128x256: return Sm90Tile::kCoop128x256;
-    case Sm90Tile::kStreamK128x256C22: return Sm90Tile::kCoop128x256C22;
     default: return tile;
   }
 }

@@ -22,11 +22,8 @@ enum class Sm90Tile {
   kSwap128x64,   // y^T = w x^T: tile 128 weight rows x 64 tokens x 128, ping-pong: small M
   kStreamK128x128,  // cooperative 128x128x128 with the stream-K scheduler (needs workspace)
   kStreamK128x256,  // cooperative 128x256x128 with the stream-K scheduler (needs workspace)
-  kCoop128x256C22,    // kCoop128x256 with a 2x2 cluster (x and w tiles both multicast)
-  kCoop128x128C22,    // kCoop128x128 with a 2x2 cluster
-  kStreamK128x256C22,  // kStreamK128x256 with a 2x2 cluster (needs workspace)
 };
-constexpr int kSm90TileCount = 9;
+constexpr int kSm90TileCount = 6;
 const char* Sm90TileName(Sm90Tile tile);
 
 bool Sm90Supports(const void* x, const void* w, const void* y, int64_t k, int64_t n,
@@ -40,11 +37,6 @@ template <typename OutT>
 cudaError_t RunSm90(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
                     const int8_t* w, const float* sw, OutT* y, int64_t m, int64_t k, int64_t n,
                     void* workspace, size_t workspace_bytes);
-
-// 2x2-cluster data-parallel tiles, float32 output (int8_gemm_sm90_cluster.cu): as RunSm90.
-cudaError_t RunSm90Cluster(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
-                           const int8_t* w, const float* sw, float* y, int64_t m, int64_t k,
-                           int64_t n);
 
 // Stream-K tiles, float32 output (int8_gemm_sm90_streamk.cu): same contract as RunSm90.
 cudaError_t RunSm90StreamK(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,

@@ -66,12 +66,6 @@ using CfgStreamK128x128 =
     Config<Shape<_128, _128, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, false, true>;
 using CfgStreamK128x256 =
     Config<Shape<_128, _256, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, false, true>;
-// 2x2 clusters: TMA multicasts each x tile to the 2 CTAs of the cluster's two N tiles as well
-// as each w tile to its two M tiles, halving the L2-to-SM traffic of both operands.
-using CfgCoop128x256C22 = Config<Shape<_128, _256, _128>, Shape<_2, _2, _1>, Coop, EpiCoop, false>;
-using CfgCoop128x128C22 = Config<Shape<_128, _128, _128>, Shape<_2, _2, _1>, Coop, EpiCoop, false>;
-using CfgStreamK128x256C22 =
-    Config<Shape<_128, _256, _128>, Shape<_2, _2, _1>, Coop, EpiCoop, false, true>;
 
 template <class Cfg, class ElementD>
 struct Gemm {

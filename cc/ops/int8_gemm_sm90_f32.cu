@@ -11,9 +11,6 @@ const char* Sm90TileName(Sm90Tile tile) {
     case Sm90Tile::kSwap128x64: return "sm90_swap_ping_128x64x128_c2x1";
     case Sm90Tile::kStreamK128x128: return "sm90_streamk_128x128x128_c2x1";
     case Sm90Tile::kStreamK128x256: return "sm90_streamk_128x256x128_c2x1";
-    case Sm90Tile::kCoop128x256C22: return "sm90_coop_128x256x128_c2x2";
-    case Sm90Tile::kCoop128x128C22: return "sm90_coop_128x128x128_c2x2";
-    case Sm90Tile::kStreamK128x256C22: return "sm90_streamk_128x256x128_c2x2";
   }
   return "?";
 }
@@ -45,11 +42,7 @@ cudaError_t RunSm90<float>(Sm90Tile tile, cudaStream_t stream, const int8_t* x, 
       return Gemm<sm90::CfgSwap128x64, float>::Run(stream, x, sx, w, sw, y, m, k, n, workspace,
                                                  workspace_bytes);
     case Sm90Tile::kStreamK128x128:
-    case Sm90Tile::kCoop128x256C22:
-    case Sm90Tile::kCoop128x128C22:
-      return RunSm90Cluster(tile, stream, x, sx, w, sw, y, m, k, n);
     case Sm90Tile::kStreamK128x256:
-    case Sm90Tile::kStreamK128x256C22:
       return RunSm90StreamK(tile, stream, x, sx, w, sw, y, m, k, n, workspace, workspace_bytes);
   }
   return cudaErrorNotSupported;
