@@ -102,7 +102,8 @@ def main() -> None:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     lines = []
-    machine = f"{platform.processor() or platform.machine()}, {len(__import__('os').sched_getaffinity(0))} cores"
+    cores = len(__import__("os").sched_getaffinity(0))
+    machine = f"{platform.processor() or platform.machine()}, {cores} cores"
     from prism_jax.model.loader import load_checkpoint
 
     model_dir = str(load_checkpoint(args.model).directory)
@@ -133,9 +134,10 @@ def main() -> None:
     table = ["| scenario | prism_jax | median (min–max) | baseline | median | speedup |",
              "|---|---|---|---|---|---|"]
     for r in lines:
+        spread = f"{r['min_s'] * 1e3:.0f}–{r['max_s'] * 1e3:.0f}"
         table.append(f"| {r['scenario']} ({r['input_tokens']} tok) | {r['precision']} | "
-                     f"{r['median_s'] * 1e3:.0f} ms ({r['min_s'] * 1e3:.0f}–{r['max_s'] * 1e3:.0f}) | "
-                     f"{r['baseline']} | {r['baseline_median_s'] * 1e3:.0f} ms | {r['speedup']:.2f}× |")
+                     f"{r['median_s'] * 1e3:.0f} ms ({spread}) | {r['baseline']} | "
+                     f"{r['baseline_median_s'] * 1e3:.0f} ms | {r['speedup']:.2f}× |")
     (out / "cpu_decide.md").write_text("\n".join(table) + "\n")
     print("\n".join(table))
 

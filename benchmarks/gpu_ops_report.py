@@ -67,7 +67,8 @@ def checks(rng, gpu, cpu):
             yc = on(cpu, ops.int8_gemm, x, s_x, w, s_w, out_dtype=jnp.bfloat16)
             inv = m == 301 and row_invariant(gpu, lambda a, b, w, s: ops.int8_gemm(a, b, w, s),
                                              [x, s_x], [w, s_w])
-            yield dict(op="int8_gemm", shape=f"M={m} N={n} K={k}", int_exact=bool(np.array_equal(g, exact)),
+            exact_int = bool(np.array_equal(g, exact))
+            yield dict(op="int8_gemm", shape=f"M={m} N={n} K={k}", int_exact=exact_int,
                        cuda_vs_cpu=max_diff(yg.astype(np.float32), yc.astype(np.float32)),
                        bitwise_vs_cpu=same_bits(yg, yc), row_invariant=inv if m == 301 else None)
     d = 5376
@@ -81,7 +82,8 @@ def checks(rng, gpu, cpu):
         og, oc = on(gpu, fn, *args, gamma), on(cpu, fn, *args, gamma)
         diff = max(max_diff(np.asarray(a, np.float32), np.asarray(b, np.float32))
                    for a, b in zip(jax.tree.leaves(og), jax.tree.leaves(oc), strict=True))
-        yield dict(op=name, shape=f"M=301 D={d} bf16", cuda_vs_cpu=diff, bitwise_vs_cpu=same_bits(og, oc),
+        yield dict(op=name, shape=f"M=301 D={d} bf16", cuda_vs_cpu=diff,
+                   bitwise_vs_cpu=same_bits(og, oc),
                    row_invariant=row_invariant(gpu, fn, list(args), [gamma]))
     f = 21504
     g_, u_ = bf16(rng, (301, f), 2.0), bf16(rng, (301, f), 2.0)
@@ -111,7 +113,8 @@ def checks(rng, gpu, cpu):
     lc = on(cpu, lambda hh, e: ops.vocab_logsumexp(hh, e), h[:8], emb)
     yield dict(op="vocab_logsumexp", shape=f"R=301 D={d} V={v}", cuda_vs_cpu=max_diff(lg[:8], lc),
                bitwise_vs_cpu=same_bits(lg[:8], lc),
-               row_invariant=row_invariant(gpu, lambda hh, e: ops.vocab_logsumexp(hh, e), [h], [emb]))
+               row_invariant=row_invariant(gpu, lambda hh, e: ops.vocab_logsumexp(hh, e), [h],
+                                           [emb]))
 
 
 def main() -> int:
@@ -131,10 +134,12 @@ def main() -> int:
     if args.out:
         with open(args.out, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
-    print(f"\n{'op':24} {'shape':30} {'int exact':>9} {'max |cuda-cpu|':>15} {'bitwise':>8} {'row inv.':>8}")
+    print(f"\n{'op':24} {'shape':30} {'int exact':>9} {'max |cuda-cpu|':>15} {'bitwise':>8} "
+          f"{'row inv.':>8}")
     for r in rows:
         print(f"{r['op']:24} {r['shape']:30} {str(r.get('int_exact', '-')):>9} "
-              f"{r['cuda_vs_cpu']:>15.3g} {str(r['bitwise_vs_cpu']):>8} {str(r['row_invariant']):>8}")
+              f"{r['cuda_vs_cpu']:>15.3g} {str(r['bitwise_vs_cpu']):>8} "
+              f"{str(r['row_invariant']):>8}")
     bad = [r for r in rows if r.get("int_exact") is False or r["row_invariant"] is False]
     return 1 if bad else 0
 

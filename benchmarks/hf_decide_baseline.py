@@ -27,12 +27,13 @@ def decide(model, questions, batched: bool):
             for i, (p, _) in enumerate(questions):
                 ids[i, width - len(p):] = torch.tensor(p)
                 mask[i, width - len(p):] = 1
-            logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=1).logits[:, -1].float()
+            out_ = model(input_ids=ids, attention_mask=mask, logits_to_keep=1)
+            logits = out_.logits[:, -1].float()
             rows = list(logits)
         else:
             rows = [model(input_ids=torch.tensor([p]), logits_to_keep=1).logits[0, -1].float()
                     for p, _ in questions]
-        for row, (_, options) in zip(rows, questions):
+        for row, (_, options) in zip(rows, questions, strict=True):
             probs = torch.softmax(row, -1)[options]
             out.append((probs / probs.sum()).tolist())
     return out

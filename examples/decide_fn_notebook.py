@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import prism_jax
 from prism_jax.engine import Engine
 from prism_jax.forest import build_forest
-from prism_jax.scheduler import pad
 from prism_jax.questions import parse_questions
+from prism_jax.scheduler import pad
 
 engine = Engine.from_pretrained("default", precision="int8")  # Gemma 3 270M from PyPI
 decide = jax.jit(prism_jax.make_decide_fn(engine.config))
@@ -27,8 +27,9 @@ questions = parse_questions({
 rendered = [engine.renderer.render(state, q) for q in questions.values()]
 batch = {k: jnp.asarray(v) for k, v in pad(build_forest(rendered)).items()}
 probabilities = decide(engine.params, batch)  # (Q, O), padded options are 0
-for (qid, q), p in zip(questions.items(), probabilities):
-    print(qid, {k: round(float(x), 4) for k, x in zip(q.keys, p)})
+# Rows and options may be padded past the questions' own: zip stops at the real ones.
+for (qid, q), p in zip(questions.items(), probabilities, strict=False):
+    print(qid, {k: round(float(x), 4) for k, x in zip(q.keys, p, strict=False)})
 
 # %% [markdown]
 # The same numbers through the engine's System One API:

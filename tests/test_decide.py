@@ -12,16 +12,17 @@ from prism_jax.decide import (
     score_confidence,
 )
 from prism_jax.forest import build_forest
-from prism_jax.scheduler import pad
 from prism_jax.prompts import RenderedQuestion
 from prism_jax.questions import DecisionRequestError, Question, parse_questions
+from prism_jax.scheduler import pad
 
 
 def test_limits_and_messages():
     many = {f"o{i}": None for i in range(256)}
     with pytest.raises(DecisionRequestError, match="Too many choices. Must have at most 255"):
         parse_questions({"q": {"type": "choice", "criteria": many}})
-    assert len(parse_questions({"q": {"type": "choice", "criteria": dict(list(many.items())[:255])}})["q"].keys) == 255
+    most = dict(list(many.items())[:255])
+    assert len(parse_questions({"q": {"type": "choice", "criteria": most}})["q"].keys) == 255
     with pytest.raises(DecisionRequestError, match="at most 10 levels") as e:
         parse_questions({"q": {"type": "score", "criteria": [str(i) for i in range(11)]}})
     assert e.value.status == 400

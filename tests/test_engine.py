@@ -56,7 +56,8 @@ def test_system_one_response(int8_engine):
     r = int8_engine.decide(TICKET, QUESTIONS)
     assert set(r["answers"]) == set(QUESTIONS)
     topic = r["answers"]["topic"]
-    assert topic["type"] == "choice" and set(topic["probabilities"]) == {"billing", "technical", "account"}
+    assert topic["type"] == "choice"
+    assert set(topic["probabilities"]) == {"billing", "technical", "account"}
     assert sum(topic["probabilities"].values()) == pytest.approx(1.0, abs=1e-12)
     assert topic["choice"] == "billing", topic
     assert 0.0 <= r["answers"]["refund"]["noul"] <= 1.0
@@ -82,7 +83,8 @@ def _exact_option_probs(engine: Engine, prompt: str, options: list[str]) -> np.n
         seq = np.array(rendered.branch + option, np.int32)
         t = len(seq)
         mask = np.tril(np.ones((t, t), bool))
-        hidden = model.forward(engine.params, engine.config, seq, np.arange(t, dtype=np.int32), mask)
+        positions = np.arange(t, dtype=np.int32)
+        hidden = model.forward(engine.params, engine.config, seq, positions, mask)
         logp = jax.nn.log_softmax(model.full_logits(engine.params, engine.config, hidden), -1)
         start = len(rendered.branch) - 1
         logs.append(sum(float(logp[start + j, tok]) for j, tok in enumerate(option)))
@@ -131,14 +133,15 @@ def test_forest_equals_questions_asked_alone(fp32_engine, int8_engine):
 
 def test_int8_decides_like_bf16(int8_engine, bf16_engine):
     flips, deltas = 0, []
-    for i, (state, q) in enumerate(AGREEMENT_SET):
+    for state, q in AGREEMENT_SET:
         a = int8_engine.decide(state, {"q": q})["answers"]["q"]
         b = bf16_engine.decide(state, {"q": q})["answers"]["q"]
         if q["type"] == "noul":
             pa, pb = np.array([a["noul"]]), np.array([b["noul"]])
             flips += (pa[0] > 0.5) != (pb[0] > 0.5)
         else:
-            pa, pb = np.array(list(a["probabilities"].values())), np.array(list(b["probabilities"].values()))
+            pa = np.array(list(a["probabilities"].values()))
+            pb = np.array(list(b["probabilities"].values()))
             flips += int(pa.argmax() != pb.argmax())
         deltas.append(np.abs(pa - pb).max())
     print(f"int8 vs bf16 on {len(AGREEMENT_SET)} decisions: {flips} flips, "
@@ -153,8 +156,8 @@ def test_int8_decides_like_bf16(int8_engine, bf16_engine):
 def test_make_decide_fn_jits_and_matches_engine(int8_engine):
     from prism_jax import make_decide_fn
     from prism_jax.forest import build_forest
-    from prism_jax.scheduler import pad
     from prism_jax.questions import parse_questions
+    from prism_jax.scheduler import pad
 
     parsed = parse_questions(QUESTIONS)
     rendered = [int8_engine.renderer.render(TICKET, q) for q in parsed.values()]

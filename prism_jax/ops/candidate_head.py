@@ -37,7 +37,8 @@ def _check_hidden_embedding(op: str, hidden, embedding) -> None:
 def _check_candidates(hidden, embedding, ids, counts) -> None:
     op = "candidate_head"
     r = hidden.shape[0]
-    _checks.require(op, "ids", ids, rank=2, dtypes=[jnp.int32], expected=f"int32 [R, C] with R = {r}")
+    expected = f"int32 [R, C] with R = {r}"
+    _checks.require(op, "ids", ids, rank=2, dtypes=[jnp.int32], expected=expected)
     _checks.require_dim(op, "ids", ids, 0, r, f"int32 [R, C] with R = {r}")
     _checks.require_nonempty(op, "ids", ids, "int32 [R, C] (C >= 1 candidates per row)")
     _checks.require(op, "counts", counts, rank=1, dtypes=[jnp.int32], expected=f"int32 [{r}]")

@@ -88,7 +88,10 @@ def rmsnorm_quant(x, gamma, *, eps: float, weight_offset: float = 0.0, impl: Imp
     if resolve_impl(impl) == "reference":
         return quantize_rows(_normalize_reference(x.astype(jnp.float32), gamma, eps, weight_offset))
     x2 = _rows(x)
-    outs = (jax.ShapeDtypeStruct(x2.shape, jnp.int8), jax.ShapeDtypeStruct(x2.shape[:1], jnp.float32))
+    outs = (
+        jax.ShapeDtypeStruct(x2.shape, jnp.int8),
+        jax.ShapeDtypeStruct(x2.shape[:1], jnp.float32),
+    )
     q, s = _ffi("prism_rmsnorm_quant", outs, x2, gamma.astype(jnp.float32), eps=eps,
                 weight_offset=weight_offset)
     return q.reshape(x.shape), s.reshape(x.shape[:-1])

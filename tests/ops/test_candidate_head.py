@@ -43,7 +43,8 @@ def test_candidate_head(device, rng, r, c, d, v, dtype, softcap):
 @pytest.mark.parametrize("r,c,d,v", SHAPES)
 def test_equals_renormalised_full_softmax(device, rng, r, c, d, v):
     hidden, emb, ids, counts = inputs(rng, r, c, d, v)
-    ids = np.stack([rng.permutation(v)[:c] if v >= c else ids[i] for i in range(r)]).astype(np.int32)
+    ids = np.stack([rng.permutation(v)[:c] if v >= c else ids[i] for i in range(r)])
+    ids = ids.astype(np.int32)
     _, logprobs = run_on(device, ops.candidate_head, hidden, emb, ids, counts)
     full = hidden.astype(np.float64) @ emb.astype(np.float64).T  # (R, V)
     log_softmax = full - np.log(np.exp(full - full.max(-1, keepdims=True)).sum(-1, keepdims=True))
