@@ -38,7 +38,12 @@ def test_matches_reference(device, rng, m, f, dtype, activation, scale):
     # absolute terms against the row's |gate * up| magnitude; codes may move by one step.
     magnitude = np.abs(g.astype(np.float32) * u.astype(np.float32)).max(-1)
     assert np.all(np.abs(s - s_ref) * 127 <= 1e-5 * magnitude + 1e-30), "scales differ"
-    assert np.abs(q.astype(np.int32) - q_ref).max() <= 1, "codes differ by more than one step"
+    # Codes are comparable where the row's largest |h| stands well above that absolute error;
+    # a row whose every gate sits in gelu's saturated tail (h ~ 1e-5 of |gate * up|: tanhf
+    # gives 1 + tanh = 6e-8 where XLA's tanh gives exactly 0, seed 3449282749) is all error.
+    resolved = s_ref * 127 > 1e-3 * magnitude
+    diff = np.abs(q.astype(np.int32) - q_ref)[resolved]
+    assert diff.size == 0 or diff.max() <= 1, "codes differ by more than one step"
     assert np.abs(q).max() <= 127
     if m > 2:
         assert s[1] == 0 and not q[1].any(), "zero row -> zero scale and codes"
