@@ -166,6 +166,7 @@ struct Bucket {
 };
 constexpr int64_t kWideN = 16384;  // gate_up (N = 43008) among the 27B shapes
 constexpr int64_t kLongK = 8192;   // down (K = 21504)
+constexpr int64_t kMidN = 8192;    // qkv (N = 8192) and gate_up, not o (N = 5376)
 constexpr Bucket kBucketsF32[] = {
     {8, 32, Sm90Tile::kSwap128x64},
     {64, 0, Sm90Tile::kSwap128x64},
@@ -178,7 +179,7 @@ constexpr Bucket kBucketsF32[] = {
     {512, 0, Sm90Tile::kPing64x256, kWideN},
     {512, 0, Sm90Tile::kCoop128x256},
     {1024, 0, Sm90Tile::kStreamK128x256, 0, kLongK},
-    {1024, 0, Sm90Tile::kCoop128x256, 8192},
+    {1024, 0, Sm90Tile::kCoop128x256, kMidN},
     {1024, 0, Sm90Tile::kCoop128x128},
     {2048, 0, Sm90Tile::kPing64x256},
     {INT64_MAX, 0, Sm90Tile::kCoop128x256},
@@ -219,7 +220,7 @@ bool Forced(int64_t m, Bucket* choice, bool* simt) {
   return *simt;
 }
 
-// The kernel for this call: the benchmark override if set, else the bucket for (M, N).
+// The kernel for this call: the benchmark override if set, else the bucket for (M, K, N).
 template <typename OutT>
 Bucket Choose(int64_t m, int64_t k, int64_t n, bool* simt) {
   Bucket choice;
@@ -298,7 +299,6 @@ ffi::Error Int8GemmCuda(cudaStream_t stream, ffi::BufferR2<ffi::S8> x_q,
 }
 
 }  // namespace
-
 }  // namespace prism
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismInt8GemmCuda, prism::Int8GemmCuda,
