@@ -57,10 +57,12 @@ GEMM_SHAPES = {
 FULL = dict(
     n=32, k=16, h=128, window=1024, engine=EngineConfig(), forest=(64, 256, 3, 32),
     states=(4096, 16384, 32768), decode=(64, 2048), copy=1 << 30, matmul=8192,
+    question=256, followup=(64, 4032, 32),
 )  # fmt: skip
 QUICK = dict(
     n=4, k=2, h=32, window=32, engine=EngineConfig(token_buckets=(8, 16, 32, 64)),
     forest=(8, 16, 3, 4), states=(128, 256), decode=(4, 64), copy=1 << 20, matmul=256,
+    question=24, followup=(8, 120, 4),
 )  # fmt: skip
 DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
 
@@ -285,7 +287,8 @@ def run_all(cfg, args, emit) -> None:
     ctx = {"gemm": load_gemm(pathlib.Path(args.gemm)), "budget": Budget(args.budget_s)}
     ctx["ceil"] = ceilings(cfg, args.runs, emit)
     e, states = cfg["engine"], cfg["states"]
-    cases = [ac.forest_prefill(e, *cfg["forest"]), ac.state_chunk(e, states[0], 0)]
+    cases = [ac.one_question(e, cfg["question"]), ac.forest_prefill(e, *cfg["forest"])]
+    cases += [ac.follow_up(e, *cfg["followup"]), ac.state_chunk(e, states[0], 0)]
     cases += [ac.state_chunk(e, s, -1) for s in states] + [ac.decode(e, *cfg["decode"])]
     if args.cases:  # a subset by name prefix (whole-state estimates need both state chunks)
         cases = [c for c in cases if c.name.startswith(tuple(args.cases.split(",")))]
@@ -293,8 +296,8 @@ def run_all(cfg, args, emit) -> None:
         for window in (0, cfg["window"]):
             done = {}
             for case in cases:
-                if window and case.name.startswith("forest"):
-                    continue  # 416 tokens < the window: the same work as the global layer
+                if window and case.name.startswith(("forest", "question")):
+                    continue  # fewer tokens than the window: the same work as the global layer
                 done[case.name] = bench_case(case, cfg, dtype_name, window, args, ctx, emit)
             first = done.get(f"state{states[0]}_first_chunk")
             for s in states:

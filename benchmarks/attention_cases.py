@@ -66,6 +66,25 @@ def forest_prefill(engine: EngineConfig, root: int, state: int, branches: int, b
     return Case(f"forest_{root}+{state}+{branches}x{blen}", step, p, what)
 
 
+def one_question(engine: EngineConfig, length: int) -> Case:
+    """One prompt of `length` tokens computed from scratch (e2e_decide's one_question step)."""
+    f = Forest()
+    f.add_segment(_tokens(4, length), -1, 0, cacheable=True)
+    (step,), p = _steps(f, set(), engine)
+    return Case(f"question_{length}", step, p, f"one question: a {length}-token prompt")
+
+
+def follow_up(engine: EngineConfig, root: int, state: int, blen: int) -> Case:
+    """A `blen`-token question under a cached root + state (e2e_decide's follow_up_4k step)."""
+    f = Forest()
+    r = f.add_segment(_tokens(1, root), -1, 0, cacheable=True)
+    s = f.add_segment(_tokens(2, state), r, root, cacheable=True)
+    f.add_segment(_tokens(10, blen), s, root + state, cacheable=False)
+    (step,), p = _steps(f, {r, s}, engine)
+    what = f"follow-up: {blen} question tokens on a cached {root} + {state} prefix"
+    return Case(f"followup_{root}+{state}+{blen}", step, p, what)
+
+
 def state_prefill(engine: EngineConfig, length: int) -> tuple[list[dict], int]:
     """A `length`-token state prefilled from scratch: every chunk's tables (the engine's cut)."""
     f = Forest()

@@ -67,6 +67,13 @@ def test_engine_cases_by_hand():
     f = ac.forest_prefill(e, 8, 16, 3, 4)
     keys = 8 * 9 // 2 + (16 * 8 + 16 * 17 // 2) + 3 * (4 * 24 + 4 * 5 // 2)
     assert ac.account(f.arrays, 16, 0, 4, 2, 32, 4, 4)["keys_attended"] == keys == 618
+    q = ac.one_question(e, 20)  # one chain, causal: token i sees i + 1 keys
+    a = ac.account(q.arrays, 16, 0, 4, 2, 32, 4, 4)
+    assert (a["tokens"], a["step_tokens"], a["keys_attended"]) == (20, 32, 20 * 21 // 2)
+    fu = ac.follow_up(e, 8, 40, 4)  # 4 new tokens at 48..51 on a cached 48-token prefix
+    a = ac.account(fu.arrays, 16, 0, 4, 2, 32, 4, 4)
+    assert (a["tokens"], a["step_tokens"], a["keys_attended"]) == (4, 8, 49 + 50 + 51 + 52)
+    assert a["kv_rows_read"] == 52
     last = ac.state_chunk(e, 256, -1)  # chunk 4/4: queries 192..255 over the whole prefix
     chunk = ac.account(last.arrays, 16, 32, 4, 2, 32, 4, 4)
     assert chunk["keys_attended"] == 64 * 32 and chunk["kv_rows_read"] == 64 + 31
