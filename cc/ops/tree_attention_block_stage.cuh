@@ -83,7 +83,8 @@ __device__ __forceinline__ void CopyAsync16(float* dst, const float* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
 }
 
-// f32 pools: every chunk of the tile in flight at once (cp.async), then one wait.
+// f32 pools: every chunk of the tile in flight at once (cp.async), K and V as two groups;
+// waits for K only. V lands while the scores are computed (WaitTileV before the sums).
 template <int kH, int kPW>
 __device__ __forceinline__ void LoadTileAsync(const float* k_pool, const float* v_pool,
                                               int64_t stride, int64_t kvh, const int64_t* rows,
@@ -95,14 +96,26 @@ __device__ __forceinline__ void LoadTileAsync(const float* k_pool, const float* 
     const int idx = static_cast<int>(threadIdx.x) + u * kThreads;
     const int x = idx / kPerRow, d = (idx % kPerRow) * 4;
     const int64_t r = rows[x];
-    if (r >= 0) {
-      const int64_t off = r * stride + kvh * kH + d;
-      CopyAsync16(kt + x * S::kRow + d, k_pool + off);
-      CopyAsync16(vt + x * S::kRow + d, v_pool + off);
-    }
+    if (r >= 0) CopyAsync16(kt + x * S::kRow + d, k_pool + r * stride + kvh * kH + d);
   }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
+#pragma unroll
+  for (int u = 0; u < kIters; ++u) {
+    const int idx = static_cast<int>(threadIdx.x) + u * kThreads;
+    const int x = idx / kPerRow, d = (idx % kPerRow) * 4;
+    const int64_t r = rows[x];
+    if (r >= 0) CopyAsync16(vt + x * S::kRow + d, v_pool + r * stride + kvh * kH + d);
+  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
+
+// Block-wide, between a staged tile's scores and its sums: the tile's V rows are in shared
+// memory for every warp (f32 pools' second cp.async group; a no-op wait for bf16 pools, whose
+// rows StageTile already stored).
+__device__ __forceinline__ void WaitTileV() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  __syncthreads();
 }
 
 // The tile's K and V rows (rows[x] >= 0) into smem as f32: f32 pools by LoadTileAsync, bf16
@@ -207,6 +220,19 @@ __device__ __forceinline__ void ListChains(const Smem& sm, int qt, int32_t windo
   info->j_hi = hi;
 }
 
+// Four consecutive q elements as f32 (16-byte aligned for f32, 8-byte for bf16: q rows are
+// H >= 64 elements).
+__device__ __forceinline__ float4 LoadQuad(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+__device__ __forceinline__ float4 LoadQuad(const uint16_t* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  return make_float4(Bf16ToF32(static_cast<uint16_t>(u.x & 0xffffu)),
+                     Bf16ToF32(static_cast<uint16_t>(u.x >> 16)),
+                     Bf16ToF32(static_cast<uint16_t>(u.y & 0xffffu)),
+                     Bf16ToF32(static_cast<uint16_t>(u.y >> 16)));
+}
+
 // Block-wide (every thread calls it): the token table, q of every pair as f32 (pair p = token
 // p / G, head kvh * G + p % G: G * H contiguous) and the chain list. Ends with a barrier.
 template <typename Q, int kH, int kPW>
@@ -222,10 +248,16 @@ __device__ __forceinline__ void SetupBlock(const Q* q, const Dims& dm, const Tab
     const int32_t chain = t < dm.t ? tb.chain_of[t] : -1;
     sm.toks[tid] = {pos, pos >= 0 && chain >= 0 && chain < dm.c ? chain : -1};
   }
-  for (int i = tid; i < S::kPairs * kH; i += kThreads) {
-    const int p = i / kH;
-    const int64_t t = t0 + p / g_count, n = kvh * g_count + p % g_count;
-    sm.qs[i] = t < dm.t ? ToF32(q[(t * dm.n + n) * kH + i % kH]) : 0.0f;
+  // Token t's G heads of kv head kvh are G * H contiguous elements of q, so the block's q is
+  // runs of G * H: four elements per load and one division per load (a per-element load with
+  // two divisions was 11 % of the split kernel's instructions on a 4K-key follow-up).
+  const int run = g_count * kH / 4;  // quads per token
+  for (int i = tid; i < S::kPairs * kH / 4; i += kThreads) {
+    const int tok = i / run;
+    const int64_t t = t0 + tok;
+    reinterpret_cast<float4*>(sm.qs)[i] =
+        t < dm.t ? LoadQuad(q + (t * dm.n + kvh * g_count) * kH + (i - tok * run) * 4)
+                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __syncthreads();
   if (tid == 0) ListChains(sm, qt, window, info);
@@ -234,7 +266,7 @@ __device__ __forceinline__ void SetupBlock(const Q* q, const Dims& dm, const Tab
 
 // Block-wide: tile j's rows for chain ci (positions a token of that chain sees), and the K, V
 // rows staged in smem. Starts with a barrier (every warp is done with the previous tile) and
-// ends with one (the tile is ready).
+// ends with one (the tile's K is ready; its V after WaitTileV).
 template <typename KV, int kH, int kPW>
 __device__ __forceinline__ void StageTile(const KV* k_pool, const KV* v_pool, const Dims& dm,
                                           const Tables& tb, int32_t window, int64_t kvh,

@@ -219,7 +219,8 @@ __device__ __forceinline__ void TileSums(const Smem& sm, const float* scw, int l
   }
 }
 
-// The warp's partials of staged tile j (chain ci): see the top of this file.
+// The warp's partials of staged tile j (chain ci): see the top of this file. Block-wide (it
+// waits for the tile's V rows), so every warp of the block calls it.
 template <int kH, int kPW>
 __device__ __forceinline__ void TilePartials(const Smem& sm, int64_t j, int ci, int32_t window,
                                              float scale, int g_count, Partials<kH, kPW>* pt) {
@@ -238,7 +239,7 @@ __device__ __forceinline__ void TilePartials(const Smem& sm, int64_t j, int ci, 
       if ((pt->mask[i] >> x) & 1u) scw[i * kAttnTile + x] = expf(__fsub_rn(s[i][u], pt->mt[i]));
     }
   }
-  __syncwarp();
+  WaitTileV();  // also publishes scw to the warp's lanes
   TileSums<kH, kPW>(sm, scw, lane, pt);
 }
 

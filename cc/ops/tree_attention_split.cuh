@@ -4,7 +4,8 @@
 // mostly idle. Tile partials do not depend on the running state (tree_attention.h), so:
 //   pass 1 (PartialKernel), a persistent grid over work items (b, kvh, i): the block kernel's
 //     query tile b and kv head kvh for ONE tile, j = lo_b + base + i (lo_b: the first tile any
-//     of b's tokens sees), only for tiles b's tokens see (WorkList). It stages that tile per
+//     of b's tokens sees), only for tiles b's tokens see (WorkList); each block takes a
+//     contiguous run of items and reuses its q and chain list while (b, kvh) stays the same. It stages that tile per
 //     chain and computes every pair's partial with the block kernel's own code
 //     (tree_attention_block_tile.cuh), then writes it to the workspace (no merge).
 //   pass 2 (MergeKernel), one warp per (t, n): merges the round's partials in increasing tile
@@ -234,15 +235,24 @@ __global__ void __launch_bounds__(block::kThreads, kH <= 128 ? 2 : 1)
   const int g_count = static_cast<int>(dm.n / dm.k), qt = S::kPairs / g_count;
   const int nb = static_cast<int>((dm.t + qt - 1) / qt);
   BuildWorkList(dm, tb, window, qt, nb, rd, &wl, blockIdx.x == 0 ? table : nullptr);
-  const int64_t items = static_cast<int64_t>(wl.ends[nb - 1]) * dm.k;
+  const int64_t npos = wl.ends[nb - 1], items = npos * dm.k;
+  // Each block takes a contiguous run of items, numbered kv-head-major, so consecutive items
+  // mostly share (b, kvh) and the block sets up q and the chains once per run, not per tile.
+  const int64_t per = (items + gridDim.x - 1) / gridDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * per;
+  const int64_t last = first + per < items ? first + per : items;
   const block::Smem sm = block::CarveSmem<kH, kPW>(smem);
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {  // uniform
-    const int64_t pos = item / dm.k, kvh = item % dm.k;
+  int64_t set_b = -1, set_kvh = -1;  // the (query tile, kv head) smem holds
+  for (int64_t item = first; item < last; ++item) {  // uniform
+    const int64_t kvh = item / npos, pos = item % npos;
     const int b = QueryTileOf(wl, nb, pos);
     const int64_t i = pos - (b > 0 ? wl.ends[b - 1] : 0), j = wl.first[b] + i;
     const int64_t t0 = static_cast<int64_t>(b) * qt;
-    __syncthreads();  // every warp is done with the previous item's shared memory and info
-    block::SetupBlock<Q, kH, kPW>(q, dm, tb, window, t0, kvh, sm, &info);
+    if (b != set_b || kvh != set_kvh) {
+      __syncthreads();  // every warp is done with the previous item's shared memory and info
+      block::SetupBlock<Q, kH, kPW>(q, dm, tb, window, t0, kvh, sm, &info);
+      set_b = b, set_kvh = kvh;
+    }
     float* slot_part = part + i * dm.t * dm.n * Record<kH>();
     unsigned done = 0;  // bit i: the warp's pair i has a partial in this tile
     const int nc = info.n_chains;
