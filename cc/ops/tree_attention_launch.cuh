@@ -99,13 +99,11 @@ ffi::Error LaunchSplit(cudaStream_t stream, const Workspace& ws, const Q* q, con
   const int64_t nb = CeilDiv(dm.t, qt);
   const unsigned grid = static_cast<unsigned>(std::min(resident, nb * dm.k * plan.slots));
   const int64_t covered = plan.rounds * plan.slots;
-  const unsigned merge_grid = static_cast<unsigned>(
-      CeilDiv(dm.t * dm.n * split::MergeSlices<kH>(), split::kMergeWarps));
   for (int64_t r = 0; r < plan.rounds; ++r) {
     const split::Round rd{r * plan.slots, plan.slots, covered};
     kernel<<<grid, block::kThreads, kSmem, stream>>>(q, k_pool, v_pool, dm, tb, scale, window,
                                                      rd, plan.part, plan.table);
-    split::MergeKernel<Q, kH><<<merge_grid, split::kMergeWarps * kWarpSize, 0, stream>>>(
+    split::MergeKernel<Q, kH><<<warps, split::kMergeWarps * kWarpSize, 0, stream>>>(
         dm, qt, rd, r == 0, r + 1 == plan.rounds, plan.part, plan.table, plan.state, out);
   }
   if (big) {

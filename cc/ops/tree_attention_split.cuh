@@ -5,13 +5,13 @@
 //   pass 1 (PartialKernel), a persistent grid over work items (b, kvh, i): the block kernel's
 //     query tile b and kv head kvh for ONE tile, j = lo_b + base + i (lo_b: the first tile any
 //     of b's tokens sees), only for tiles b's tokens see (WorkList); each block takes a
-//     contiguous run of items and reuses its q and chain list while (b, kvh) stays the same.
-//     It stages that tile per chain and computes every pair's partial with the block kernel's
-//     own code (tree_attention_block_tile.cuh), then writes it to the workspace (no merge).
-//   pass 2 (MergeKernel), MergeSlices warps per (t, n), one dimension per lane: merges the
-//     round's partials in increasing tile order into the running (m, l, acc) exactly as
-//     TileStep (first non-empty tile copied, then MergeFactors / Merged), keeps it in the
-//     workspace between rounds, and after the last round writes out[t, n] = Normalised(acc, l).
+//     contiguous run of items and reuses its q and chain list while (b, kvh) stays the same. It stages that tile per
+//     chain and computes every pair's partial with the block kernel's own code
+//     (tree_attention_block_tile.cuh), then writes it to the workspace (no merge).
+//   pass 2 (MergeKernel), one warp per (t, n): merges the round's partials in increasing tile
+//     order into the running (m, l, acc) exactly as TileStep (first non-empty tile copied,
+//     then MergeFactors / Merged), keeps it in the workspace between rounds, and after the last
+//     round writes out[t, n] = Normalised(acc, l).
 // Rounds of R tiles bound the workspace; the handler cannot see the tables, so it runs enough
 // rounds to cover `covered` tiles per block (SplitPlan). A block whose tokens' tiles span more
 // is left to a fallback with the same bits: FallbackKernel (the lanes kernel's warp) in steps of
@@ -21,8 +21,7 @@
 // Workspace (an f32 result of the call, sized by the Python wrapper): the state
 // [T * N][kRecord], then one round's partials [R][T * N][kRecord], then the span table
 // (kTableFloats int32 at the very end). A record is acc [H] (dimension
-// d at d), then mt, lt, seen (1: the tile had a visible key, 0: skip), padding; the state's
-// tail holds m, l at [kH, kH + 2) or [kH + 2, kH + 4) by round parity (MergeKernel).
+// d at d), then mt (or m), lt (or l), seen (1: the tile had a visible key, 0: skip), padding.
 // Pass 1 writes every (slot, pair) of its block's span (acct only when seen); pass 2 reads only
 // slots inside its block's span, so nothing is cleared. Included by tree_attention_cuda.cu only.
 #pragma once
@@ -268,75 +267,72 @@ __global__ void __launch_bounds__(block::kThreads, kH <= 128 ? 2 : 1)
   }
 }
 
-// One dimension's running state: m and l (the pair's, equal on every lane) and acc[d].
+// A pair's running state: m and l (equal on every lane) and the lane's dimensions of acc.
+template <int kH>
 struct State {
-  float m, l, acc;
+  float m, l, acc[kH / kWarpSize];
 };
 
-// Merges one tile's partial (tail = mt, lt, seen; acct its dimension d) into st: TileStep's
-// merge, the same operations in the same order.
-__device__ __forceinline__ void MergeTile(const float4& tail, float acct, State* st) {
+// Merges one tile's partial (tail = mt, lt, seen; acct the lane's dimensions) into st:
+// TileStep's merge, the same operations in the same order.
+template <int kH>
+__device__ __forceinline__ void MergeTile(const float4& tail, const float (&acct)[kH / kWarpSize],
+                                          State<kH>* st) {
+  constexpr int kDims = kH / kWarpSize;
   if (tail.z == 0.0f) return;  // uniform: no visible key in the tile
   const bool first = st->l == 0.0f;
   const MergeWeights mw = first ? MergeWeights{tail.x, 0.0f, 1.0f} : MergeFactors(st->m, tail.x);
   st->m = mw.m;
   st->l = first ? tail.y : Merged(st->l, mw.a, tail.y, mw.b);
-  st->acc = first ? acct : Merged(st->acc, mw.a, acct, mw.b);
+#pragma unroll
+  for (int d = 0; d < kDims; ++d) {
+    st->acc[d] = first ? acct[d] : Merged(st->acc[d], mw.a, acct[d], mw.b);
+  }
 }
 
-// Warps per (t, n) in pass 2: one dimension per lane. A follow-up question (T = 64, 4K keys)
-// has only ~1K real pairs, each a serial fold over ~65 records: with one warp per pair the
-// fold's load latency was exposed (8 warps per SM).
-template <int kH>
-constexpr int MergeSlices() {
-  return kH / kWarpSize;
-}
-
-// Pass 2 (see the top of this file): MergeSlices warps per (t, n), kMergeWarps per block. Every
-// slice computes the pair's m and l itself (the same operations, so the same bits). The state
-// record keeps m, l at kH + 2 * (round % 2): slice 0 writes the new values while other slices
-// of the same launch may still read the previous round's.
+// Pass 2 (see the top of this file): one warp per (t, n), kMergeWarps per block.
 template <typename Q, int kH>
 __global__ void __launch_bounds__(kMergeWarps * kWarpSize)
     MergeKernel(Dims dm, int qt, Round rd, bool first_round, bool last_round,
                 const float* __restrict__ part, const int32_t* __restrict__ table,
                 float* __restrict__ state, Q* __restrict__ out) {
-  constexpr int kSlices = MergeSlices<kH>();
-  const int64_t gw = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / kWarpSize;
-  const int64_t w = gw / kSlices;
+  constexpr int kDims = kH / kWarpSize;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / kWarpSize;
   if (w >= dm.t * dm.n) return;  // uniform per warp; no block barrier
   const int lane = static_cast<int>(threadIdx.x % kWarpSize);
-  const int d = static_cast<int>(gw % kSlices) * kWarpSize + lane;
   const int64_t t = w / dm.n;
   const TileSpan sp = LoadSpan(table, t / qt);
   if (sp.over) return;  // the fallback writes out[t, n]
-  const int64_t round = rd.base / rd.slots;
-  const int ml_read = kH + 2 * static_cast<int>((round + 1) % 2), ml_write = kH + 2 * (round % 2);
-  State st = {0.0f, 0.0f, 0.0f};
+  State<kH> st = {};
   float* srec = state + w * Record<kH>();
-  if (!first_round) st = {srec[ml_read], srec[ml_read + 1], srec[d]};
+  if (!first_round) {
+    lanes::LoadDims<kDims>(srec + lane * kDims, st.acc);
+    st.m = srec[kH], st.l = srec[kH + 1];
+  }
   const int64_t left = sp.hi - (sp.lo + rd.base) + 1;  // the span's tiles from this round on
   const int64_t slots = left < 0 ? 0 : (left < rd.slots ? left : rd.slots);
   for (int64_t i0 = 0; i0 < slots; i0 += kMergeBatch) {  // kMergeBatch records in flight
     float4 tail[kMergeBatch];
-    float acct[kMergeBatch];
+    float acct[kMergeBatch][kDims];
 #pragma unroll
     for (int u = 0; u < kMergeBatch; ++u) {
       tail[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // past the span: seen = 0
-      acct[u] = 0.0f;
       if (i0 + u >= slots) continue;
       const float* rec = part + ((i0 + u) * dm.t * dm.n + w) * Record<kH>();
       tail[u] = *reinterpret_cast<const float4*>(rec + kH);
-      acct[u] = rec[d];  // unused (unset by pass 1) when seen = 0
+      lanes::LoadDims<kDims>(rec + lane * kDims, acct[u]);  // unused (unset) when seen = 0
     }
 #pragma unroll
-    for (int u = 0; u < kMergeBatch; ++u) MergeTile(tail[u], acct[u], &st);
+    for (int u = 0; u < kMergeBatch; ++u) MergeTile<kH>(tail[u], acct[u], &st);
   }
   if (last_round) {
-    FromF32(Normalised(st.acc, st.l), out + w * kH + d);
+#pragma unroll
+    for (int d = 0; d < kDims; ++d) {
+      FromF32(Normalised(st.acc[d], st.l), out + w * kH + lane * kDims + d);
+    }
   } else {
-    srec[d] = st.acc;
-    if (d == 0) srec[ml_write] = st.m, srec[ml_write + 1] = st.l;
+    StoreDims<kDims>(srec + lane * kDims, st.acc);
+    if (lane == 0) srec[kH] = st.m, srec[kH + 1] = st.l;
   }
 }
 
