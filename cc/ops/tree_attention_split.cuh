@@ -5,9 +5,9 @@
 //   pass 1 (PartialKernel), a persistent grid over work items (b, kvh, i): the block kernel's
 //     query tile b and kv head kvh for ONE tile, j = lo_b + base + i (lo_b: the first tile any
 //     of b's tokens sees), only for tiles b's tokens see (WorkList); each block takes a
-//     contiguous run of items and reuses its q and chain list while (b, kvh) stays the same. It stages that tile per
-//     chain and computes every pair's partial with the block kernel's own code
-//     (tree_attention_block_tile.cuh), then writes it to the workspace (no merge).
+//     contiguous run of items and reuses its q and chain list while (b, kvh) stays the same.
+//     It stages that tile per chain and computes every pair's partial with the block kernel's
+//     own code (tree_attention_block_tile.cuh), then writes it to the workspace (no merge).
 //   pass 2 (MergeKernel), one warp per (t, n): merges the round's partials in increasing tile
 //     order into the running (m, l, acc) exactly as TileStep (first non-empty tile copied,
 //     then MergeFactors / Merged), keeps it in the workspace between rounds, and after the last
