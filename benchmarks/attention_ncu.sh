@@ -4,7 +4,8 @@
 # attention kernels with the full section set, written as $OUT/ncu_<case>.ncu-rep and as the
 # details page in CSV ($OUT/ncu_<case>.csv). Clocks are left alone (METHOD.md).
 # Usage: OUT=... bash benchmarks/attention_ncu.sh   (after gpu_suite.sh built or installed the
-# extension into prism_jax/)
+# extension into prism_jax/). Per-instruction view: ncu -i REPORT --page source --print-source
+# sass --csv > src.csv on the device, then benchmarks/ncu_regions.py src.csv anywhere.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
