@@ -43,7 +43,7 @@ def enable_compilation_cache() -> None:
     if jax.config.jax_compilation_cache_dir is None:  # else the user's own directory
         jax.config.update("jax_compilation_cache_dir", str(cache_root() / "xla"))
     # Every bucket is cached, however fast it compiles (also in a directory the user chose):
-    # the readouts are per (T, R, C) (230 executables for the default EngineConfig), each well
+    # the readouts are per (T, R, C) (258 executables for the default EngineConfig), each well
     # under a second, and together most of a start-up's compile time.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 

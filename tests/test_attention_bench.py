@@ -89,7 +89,12 @@ def test_quick_run_writes_rows(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "attention.jsonl").read_text().splitlines()]
     assert printed == rows and rows[0]["meta"]["quick"]
     prism = [r for r in rows if r.get("impl") == "prism"]
-    assert len(prism) == 5 + 4  # forest, first chunk, 2 last chunks, decode; windowed: no forest
+    # question, forest, follow-up, first chunk, 2 last chunks, decode; windowed: no question or
+    # forest (they have fewer tokens than the window)
+    assert len(prism) == 7 + 5
+    windowed_names = {r["scenario"] for r in prism if r["window"]}
+    assert not any(n.startswith(("question", "forest")) for n in windowed_names)
+    assert "followup_8+120+4" in windowed_names
     for r in prism:
         assert PRISM_FIELDS <= set(r), PRISM_FIELDS - set(r)
         assert r["runs"] == 3 and 0 < r["min_us"] <= r["median_us"] <= r["max_us"]

@@ -120,3 +120,34 @@ def test_stats_report_the_pool(engine):
     k, _ = engine.runner.kv[0]
     assert stats["kv_pool_bytes"] == 2 * len(engine.runner.kv) * k.size * k.dtype.itemsize
     assert stats["kv_pages_total"] == BUCKETS.kv_pages - 1
+
+
+def test_more_readout_rows_than_tokens_never_compiles(rng):
+    """Identical questions share their forest branch but keep one readout row each, so a step
+    can read more rows than it computes tokens: 24 rows on an 8-token step (16-token bucket,
+    64-row bucket). Warmup must have compiled that readout too."""
+    config = ModelConfig.from_hf_config(
+        dict(TINY_HF_CONFIGS["gemma3"], max_position_embeddings=1024)
+    )
+    buckets = EngineConfig(
+        page_size=8,
+        kv_pages=64,
+        token_buckets=(16, 64),
+        row_buckets=(1, 4, 16, 64),
+        candidate_buckets=(2, 8, 256),
+    )
+    engine = Engine(
+        config, init_random(config, "int8", seed=5), None, None,
+        engine_config=buckets, warmup=True, progress=False,
+    )  # fmt: skip
+    vocab = config.vocab_size
+    state = tuple(int(x) for x in rng.integers(0, vocab, 40))
+    engine.run([RenderedQuestion(state, (7, 8), ((1,), (2,)))])  # the state is now cached
+    question = RenderedQuestion(
+        state, tuple(int(x) for x in rng.integers(0, vocab, 8)), ((1,), (2,))
+    )
+    with CompileCounter() as counter:
+        result = engine.run([question] * 24)
+    assert counter.count == 0, f"{counter.count} compilations after warmup"
+    assert len(result.probabilities) == 24
+    assert len({tuple(p) for p in result.probabilities}) == 1, "identical questions, same bits"
