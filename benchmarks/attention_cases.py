@@ -67,11 +67,11 @@ def forest_prefill(engine: EngineConfig, root: int, state: int, branches: int, b
 
 
 def one_question(engine: EngineConfig, length: int) -> Case:
-    """One prompt of `length` tokens computed from scratch (e2e_decide's one_question step)."""
-    f = Forest()
-    f.add_segment(_tokens(4, length), -1, 0, cacheable=True)
-    (step,), p = _steps(f, set(), engine)
-    return Case(f"question_{length}", step, p, f"one question: a {length}-token prompt")
+    """One prompt of `length` tokens computed from scratch (e2e_decide's one_question step):
+    a state prefill that fits one step."""
+    steps, p = state_prefill(engine, length)
+    assert len(steps) == 1, f"a {length}-token question takes {len(steps)} steps, not one"
+    return Case(f"question_{length}", steps[0], p, f"one question: a {length}-token prompt")
 
 
 def follow_up(engine: EngineConfig, root: int, state: int, blen: int) -> Case:

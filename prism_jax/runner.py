@@ -81,23 +81,18 @@ class Runner:
         dtype = jnp.bfloat16 if self.params.precision == "bf16" else jnp.float32
         return self._spec((t, self.config.hidden_size), dtype)
 
-    def _row_buckets(self, t: int) -> tuple[int, ...]:
-        """The row buckets a step of t tokens can use: all of them. Rows can outnumber tokens:
-        identical questions share their forest branch but keep one readout row each (24 of
-        them on a cached state read 24 rows from an 8-token step), and a readout bucket left
-        out here would compile on first use, in the middle of serving."""
-        del t  # every token bucket takes every row bucket
-        return self.engine.row_buckets
-
     def bucket_keys(self) -> list[tuple]:
+        """Every executable a step can need. Each token bucket takes every row bucket: rows can
+        outnumber tokens, because identical questions share their forest branch but keep one
+        readout row each (24 of them on a cached state read 24 rows from an 8-token step), and
+        a readout left out here would compile on first use, in the middle of serving."""
         e = self.engine
         keys: list[tuple] = [("forward", t) for t in e.token_buckets]
         keys += [
             ("readout", t, r, c)
-            for t in e.token_buckets
-            for r, c in itertools.product(self._row_buckets(t), e.candidate_buckets)
+            for t, r, c in itertools.product(e.token_buckets, e.row_buckets, e.candidate_buckets)
         ]
-        keys += [("lse", t, r) for t in e.token_buckets for r in self._row_buckets(t)]
+        keys += [("lse", t, r) for t, r in itertools.product(e.token_buckets, e.row_buckets)]
         return keys
 
     def _compile(self, key: tuple) -> jax.stages.Compiled:

@@ -83,12 +83,10 @@ __device__ __forceinline__ void CopyAsync16(float* dst, const float* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
 }
 
-// f32 pools: every chunk of the tile in flight at once (cp.async), K and V as two groups;
-// waits for K only. V lands while the scores are computed (WaitTileV before the sums).
+// One pool's rows of the tile (rows[x] >= 0) into dst by cp.async, committed as one group.
 template <int kH, int kPW>
-__device__ __forceinline__ void LoadTileAsync(const float* k_pool, const float* v_pool,
-                                              int64_t stride, int64_t kvh, const int64_t* rows,
-                                              float* kt, float* vt) {
+__device__ __forceinline__ void CopyTileAsync(const float* pool, int64_t stride, int64_t kvh,
+                                              const int64_t* rows, float* dst) {
   using S = Shape<kH, kPW>;
   constexpr int kPerRow = kH / 4, kIters = kAttnTile * kPerRow / kThreads;
 #pragma unroll
@@ -96,17 +94,19 @@ __device__ __forceinline__ void LoadTileAsync(const float* k_pool, const float* 
     const int idx = static_cast<int>(threadIdx.x) + u * kThreads;
     const int x = idx / kPerRow, d = (idx % kPerRow) * 4;
     const int64_t r = rows[x];
-    if (r >= 0) CopyAsync16(kt + x * S::kRow + d, k_pool + r * stride + kvh * kH + d);
+    if (r >= 0) CopyAsync16(dst + x * S::kRow + d, pool + r * stride + kvh * kH + d);
   }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
-#pragma unroll
-  for (int u = 0; u < kIters; ++u) {
-    const int idx = static_cast<int>(threadIdx.x) + u * kThreads;
-    const int x = idx / kPerRow, d = (idx % kPerRow) * 4;
-    const int64_t r = rows[x];
-    if (r >= 0) CopyAsync16(vt + x * S::kRow + d, v_pool + r * stride + kvh * kH + d);
-  }
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// f32 pools: every chunk of the tile in flight at once, K and V as two groups; waits for K
+// only. V lands while the scores are computed (WaitTileV before the sums).
+template <int kH, int kPW>
+__device__ __forceinline__ void LoadTileAsync(const float* k_pool, const float* v_pool,
+                                              int64_t stride, int64_t kvh, const int64_t* rows,
+                                              float* kt, float* vt) {
+  CopyTileAsync<kH, kPW>(k_pool, stride, kvh, rows, kt);
+  CopyTileAsync<kH, kPW>(v_pool, stride, kvh, rows, vt);
   asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 }
 
