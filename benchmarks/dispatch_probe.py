@@ -9,6 +9,11 @@ Prints one JSON line per probe, medians over --runs calls after warm-up, in ms:
   null_all_weights   the same with every weight leaf passed too (what the forward receives)
   forward            the engine's one-question forward: `return_ms` until the call returns to
                      Python (its thunks launched), `done_ms` until its result is ready
+  forward_same_input the same executable on one device-resident packed buffer every call
+  forward_staged     a fresh host buffer each call, copied into one persistent device buffer
+                     by a donated copy first (`stable`: that buffer kept its device address)
+The forward's CUDA graphs (XLA command buffers) are re-recorded wherever a buffer they use
+moved, so forward vs forward_same_input is what the packed input's new address costs.
 The difference between the two null calls is the per-argument cost of ~900 weight buffers; a
 forward whose return_ms is close to done_ms launches at the GPU's pace (host-bound launching).
 Needs a GPU for meaningful numbers; on the CPU it runs as a smoke test (--preset tiny).
@@ -81,6 +86,25 @@ def main(argv=None) -> None:
     row("null_all_weights", timed_call(lambda: many(leaves, packed), args.runs), args=len(leaves))
     runner.executable(("forward", t))
     row("forward", timed_call(lambda: runner.forward(arrays), args.runs), tokens=t)
+    exe = runner.executable(("forward", t))
+
+    def forward_on(buf):
+        hidden, runner.kv = exe(leaves, runner.kv, buf)
+        return hidden
+
+    resident = jax.device_put(packed)
+    row("forward_same_input", timed_call(lambda: forward_on(resident), args.runs), tokens=t)
+    copy_into = jax.jit(lambda dst, src: jax.lax.dynamic_update_slice(dst, src, (0,)),
+                        donate_argnums=0)
+    staged = {"buf": jax.device_put(packed)}
+    first = staged["buf"].unsafe_buffer_pointer()
+
+    def forward_staged():
+        staged["buf"] = copy_into(staged["buf"], packed)
+        return forward_on(staged["buf"])
+
+    times = timed_call(forward_staged, args.runs)
+    row("forward_staged", times, tokens=t, stable=staged["buf"].unsafe_buffer_pointer() == first)
     release(placements, engine.cache, True)
     print(json.dumps({"probe": "info", "device": jax.devices()[0].device_kind}))
 

@@ -43,7 +43,7 @@ from bench_common import commit, stats, timed  # benchmarks/ is sys.path[0] as a
 from e2e_report import render
 
 from prism_jax import model
-from prism_jax.config import GEMMA3_27B, EngineConfig, ModelConfig
+from prism_jax.config import COMMAND_BUFFERS, GEMMA3_27B, EngineConfig, ModelConfig
 from prism_jax.engine import Engine
 from prism_jax.forest import bucket
 from prism_jax.prompts import RenderedQuestion
@@ -299,6 +299,7 @@ def build(config: ModelConfig, args, times: dict) -> tuple[Engine, Baseline | No
         token_buckets=args.token_buckets,
         row_buckets=(1, 4),
         candidate_buckets=(4, 256),
+        command_buffers=args.command_buffers,
     )
     engine = Engine(config, params8, None, None, name="prism_jax int8", engine_config=e)
     engine.root_len = ROOT_LEN
@@ -327,6 +328,7 @@ def meta(args, config: ModelConfig) -> dict:
         "kv_pages": args.kv_pages,
         "int8_two_digit_rows": list(config.int8_two_digit_rows),
         "int8_two_digit_weights": list(config.int8_two_digit_weights),
+        "command_buffers": args.command_buffers,
         # Not a result: another model, another device or fewer runs than DESIGN.md asks for.
         "smoke": args.preset != "gemma3-27b"
         or bool(args.layers)
@@ -364,6 +366,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--no-baseline",
         action="store_true",
         help="skip the bf16 baseline (engine probes: XLA flags, traces); rows are smoke rows",
+    )
+    p.add_argument(
+        "--command-buffers",
+        choices=sorted(COMMAND_BUFFERS),
+        default=EngineConfig.command_buffers,
+        help="EngineConfig.command_buffers: XLA's CUDA graphs as XLA decides, or off",
     )
     p.add_argument("--compile-only", action="store_true", help="build and compile, then stop")
     p.add_argument("--render", metavar="DIR", help="only re-render E2E.md / e2e.png from DIR")

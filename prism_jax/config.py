@@ -235,6 +235,10 @@ def _increasing(values: tuple[int, ...], what: str) -> None:
     assert list(values) == sorted(set(values)), f"{what} must be increasing, got {values}"
 
 
+# EngineConfig.command_buffers -> the XLA compiler options of every step executable.
+COMMAND_BUFFERS = {"xla": {}, "off": {"xla_gpu_enable_command_buffer": ""}}
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """How the engine lays out work: KV pages, prefix cache, and the static step shapes.
@@ -249,8 +253,14 @@ class EngineConfig:
     row_buckets: tuple[int, ...] = (1, 4, 16, 64, 256, 1024)  # readout rows per step
     candidate_buckets: tuple[int, ...] = (2, 4, 8, 16, 64, 256)  # candidates per row
     chain_depth: int = 4  # segments per chain (root, trunk, branch, leaf)
+    # Whether XLA may capture a step's kernels in CUDA graphs (its command buffers): "xla"
+    # keeps XLA's default, "off" launches kernel by kernel. No effect on the CPU.
+    command_buffers: str = "xla"
 
     def __post_init__(self) -> None:
+        assert self.command_buffers in COMMAND_BUFFERS, (
+            f"command_buffers must be one of {sorted(COMMAND_BUFFERS)}, got {self.command_buffers!r}"
+        )
         assert self.page_size > 0, f"page_size must be > 0, got {self.page_size}"
         assert self.kv_pages >= 2, (
             f"kv_pages must be >= 2 (page 0 is the dummy page), got {self.kv_pages}"

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from prism_jax import model
-from prism_jax.config import EngineConfig, ModelConfig
+from prism_jax.config import COMMAND_BUFFERS, EngineConfig, ModelConfig
 from prism_jax.kv_pages import KVPool, init_kv_pool
 from prism_jax.step_buffers import Layout, forward_layout, pack, readout_layout, size, unpack
 
@@ -109,7 +109,7 @@ class Runner:
             rows = self._spec((key[2],))
             lowered = self._lse_fn().lower(self._embedding, self._hidden_spec(t), rows)
         self.compilations += 1
-        return lowered.compile()
+        return lowered.compile(compiler_options=COMMAND_BUFFERS[self.engine.command_buffers])
 
     def executable(self, key: tuple) -> jax.stages.Compiled:
         if key not in self._compiled:
