@@ -259,7 +259,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         assert self.command_buffers in COMMAND_BUFFERS, (
-            f"command_buffers must be one of {sorted(COMMAND_BUFFERS)}, got {self.command_buffers!r}"
+            f"command_buffers must be one of {sorted(COMMAND_BUFFERS)}, "
+            f"got {self.command_buffers!r}"
         )
         assert self.page_size > 0, f"page_size must be > 0, got {self.page_size}"
         assert self.kv_pages >= 2, (
