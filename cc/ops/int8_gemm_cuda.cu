@@ -169,9 +169,10 @@ constexpr int64_t kLongK = 8192;   // down (K = 21504)
 constexpr int64_t kMidN = 8192;    // qkv (N = 8192) and gate_up, not o (N = 5376)
 constexpr Bucket kBucketsF32[] = {
     {8, 32, Sm90Tile::kSwap128x64},
-    {64, 0, Sm90Tile::kSwap128x64},
+    {64, 0, Sm90Tile::kSwap128x64, kWideN},
+    {64, 0, Sm90Tile::kSplitKSwap128x64},
     {128, 0, Sm90Tile::kPing64x256, kWideN},
-    {128, 0, Sm90Tile::kSwap128x64},
+    {128, 0, Sm90Tile::kSplitKSwap128x64},
     {256, 0, Sm90Tile::kCoop128x256, kWideN},
     {256, 0, Sm90Tile::kStreamK128x128, 0, kLongK},
     {256, 0, Sm90Tile::kCoop128x128},
@@ -237,6 +238,7 @@ Sm90Tile DataParallelTwin(Sm90Tile tile) {
   switch (tile) {
     case Sm90Tile::kStreamK128x128: return Sm90Tile::kCoop128x128;
     case Sm90Tile::kStreamK128x256: return Sm90Tile::kCoop128x256;
+    case Sm90Tile::kSplitKSwap128x64: return Sm90Tile::kSwap128x64;
     default: return tile;
   }
 }

@@ -11,6 +11,7 @@ const char* Sm90TileName(Sm90Tile tile) {
     case Sm90Tile::kSwap128x64: return "sm90_swap_ping_128x64x128_c2x1";
     case Sm90Tile::kStreamK128x128: return "sm90_streamk_128x128x128_c2x1";
     case Sm90Tile::kStreamK128x256: return "sm90_streamk_128x256x128_c2x1";
+    case Sm90Tile::kSplitKSwap128x64: return "sm90_splitk_swap_128x64x128_c2x1";
   }
   return "?";
 }
@@ -43,6 +44,7 @@ cudaError_t RunSm90<float>(Sm90Tile tile, cudaStream_t stream, const int8_t* x, 
                                                  workspace_bytes);
     case Sm90Tile::kStreamK128x128:
     case Sm90Tile::kStreamK128x256:
+    case Sm90Tile::kSplitKSwap128x64:
       return RunSm90StreamK(tile, stream, x, sx, w, sw, y, m, k, n, workspace, workspace_bytes);
   }
   return cudaErrorNotSupported;

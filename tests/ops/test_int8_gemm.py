@@ -99,6 +99,7 @@ CUDA_KERNELS = [
     "sm90_swap_ping_128x64x128_c2x1",
     "sm90_streamk_128x128x128_c2x1",
     "sm90_streamk_128x256x128_c2x1",
+    "sm90_splitk_swap_128x64x128_c2x1",
 ]
 FORCED_SHAPES = [(1, 272, 200), (13, 1040, 136), (27, 2064, 72), (64, 5376, 264), (300, 528, 392)]
 
@@ -127,6 +128,7 @@ def test_each_cuda_kernel_exact(gpu, rng, monkeypatch, kernel, m, k, n, out_dtyp
 STREAMK_KERNELS = [
     "sm90_streamk_128x128x128_c2x1",
     "sm90_streamk_128x256x128_c2x1",
+    "sm90_splitk_swap_128x64x128_c2x1",
 ]
 STREAMK_SHAPES = [(256, 4112, 392), (130, 21504, 264), (40, 5392, 1032)]
 
