@@ -53,12 +53,27 @@ def run_cases(ms: list[int], kernels: list[str], shapes: list[str], cases_path: 
     pathlib.Path(cases_path).write_text(json.dumps(cases, indent=1) + "\n")
 
 
+# ncu's raw page scales each metric to a readable unit, given in the row under the header.
+UNITS = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6,
+         "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "": 1.0}  # fmt: skip
+
+
 def ncu_rows(path: str) -> list[dict]:
-    """ncu --page raw --csv rows (the units row dropped), one per profiled kernel launch."""
+    """ncu --page raw --csv rows, one per profiled launch, each metric scaled to ns or bytes
+    by the units row."""
     with open(path, newline="") as f:
         lines = [line for line in f if line.startswith('"')]
-    rows = list(csv.DictReader(lines))
-    return [r for r in rows if r.get("ID", "").isdigit()]
+    header, units, *launches = list(csv.reader(lines))
+    scale = dict(zip(header, units, strict=True))
+    rows = []
+    for values in launches:
+        row = dict(zip(header, values, strict=True))
+        for name in ("gpu__time_duration.sum", "dram__bytes_read.sum"):
+            unit = scale.get(name, "")
+            assert unit in UNITS, f"{name} in unknown unit {unit!r}: add it to UNITS"
+            row[name] = metric(row, name) * UNITS[unit]
+        rows.append(row)
+    return [r for r in rows if r["ID"].isdigit()]
 
 
 def metric(row: dict, name: str) -> float:
@@ -69,7 +84,8 @@ def metric(row: dict, name: str) -> float:
 def ran(kernel_name: str) -> str:
     """A short name for the kernel that ran: CUTLASS's are all cutlass::device_kernel<...>."""
     head = kernel_name.split("<")[0].split("(")[0]
-    return "cutlass" if "cutlass" in head else head.split("::")[-1].replace("void ", "")
+    cutlass = "cutlass" in head or "device_kernel" in head  # ncu demangles without namespaces
+    return "cutlass" if cutlass else head.split("::")[-1].replace("void ", "")
 
 
 def report(raw_csv: str, cases_json: str) -> str:
@@ -85,8 +101,7 @@ def report(raw_csv: str, cases_json: str) -> str:
     ]
     for i, case in enumerate(cases):
         row = rows[CALLS_PER_CASE * i + CALLS_PER_CASE - 1]
-        ns = metric(row, "gpu__time_duration.sum")
-        read = metric(row, "dram__bytes_read.sum")
+        ns, read = row["gpu__time_duration.sum"], row["dram__bytes_read.sum"]
         tbs = case["n"] * case["k"] / ns / 1e3
         out.append(
             f"| {case['shape']} | {case['m']} | {case['kernel']} | {ran(row['Kernel Name'])} | "

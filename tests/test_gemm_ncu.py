@@ -17,11 +17,11 @@ HEADER = ["ID", "Kernel Name", "gpu__time_duration.sum", "dram__bytes_read.sum",
 CUTLASS = "void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<int>>(T1::Params)"
 
 
-def _export(path, launches):
+def _export(path, launches, units=("nsecond", "byte")):
     """ncu --page raw --csv: a ==PROF== line, the header, the units row, one row per launch."""
-    rows = [HEADER, ["", "", "nsecond", "byte", ""]]
-    rows += [[str(i), name, f"{ns:,}", str(read), str(grid)] for i, (name, ns, read, grid)
-             in enumerate(launches)]  # fmt: skip
+    rows = [HEADER, ["", "", *units, ""]]
+    rows += [[str(i), name, f"{ns:,}" if isinstance(ns, int) else ns, str(read), str(grid)]
+             for i, (name, ns, read, grid) in enumerate(launches)]  # fmt: skip
     text = io.StringIO()
     csv.writer(text, quoting=csv.QUOTE_ALL).writerows(rows)
     path.write_text("==PROF== Connected to process 1\n" + text.getvalue())
@@ -44,6 +44,15 @@ def test_report_takes_each_cases_second_launch(tmp_path):
     cells = lines[2].split(" | ")[1:]
     assert cells == ["64", "dispatch", "cutlass", "11.0", "2.00", "2.00", "84 |"]
     assert lines[3].split(" | ")[3:6] == ["DecodeKernel", "8.0", "2.75"]
+
+
+def test_report_scales_by_the_units_row(tmp_path):
+    cases = [{"shape": "o", "m": 64, "n": 5376, "k": 4096, "kernel": "dispatch"}]
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    launches = [(CUTLASS, "110.10", "1.00", 84), (CUTLASS, "11.01", "22.020096", 84)]
+    _export(tmp_path / "raw.csv", launches, units=("us", "Mbyte"))
+    table = gemm_ncu.report(str(tmp_path / "raw.csv"), str(tmp_path / "cases.json"))
+    assert table.splitlines()[2].split(" | ")[4:7] == ["11.0", "2.00", "2.00"]
 
 
 def test_report_refuses_a_launch_count_that_does_not_match(tmp_path):

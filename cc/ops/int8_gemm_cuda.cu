@@ -156,7 +156,10 @@ cudaError_t LaunchSimt(cudaStream_t stream, const int8_t* x, const float* sx, co
 // (1067 / 1115 vs 1035 / 1082); qkv and o take 128x256 at 512 (qkv 909 / 917 vs 878 / 876
 // ping-pong) and o 128x128 at 1024 (884 / 813). 2x2 clusters (x multicast too) lost or tied
 // everywhere (cluster2x2_7d9ba2a/). M = 2048: ping-pong (results/gemm_h200/, not remeasured);
-// M = 4096: only 128x256 was measured.
+// M = 4096: only 128x256 was measured. Session 7, Nsight Compute device time (gemm_ncu.sh,
+// results/gemm_h200_session7/): split-K pays only on down at M <= 64 (37.3 vs 44.4 µs at 64,
+// 40.2 vs 47.4 at 32: its 42 weight-row tiles leave 90 SMs idle over K = 21504); on qkv and o
+// it loses (19.4 / 16.1 vs 16.8 / 13.4 µs at 64), and at M = 128 it ties everywhere.
 struct Bucket {
   int64_t max_m;
   int decode_rows;
@@ -169,10 +172,10 @@ constexpr int64_t kLongK = 8192;   // down (K = 21504)
 constexpr int64_t kMidN = 8192;    // qkv (N = 8192) and gate_up, not o (N = 5376)
 constexpr Bucket kBucketsF32[] = {
     {8, 32, Sm90Tile::kSwap128x64},
-    {64, 0, Sm90Tile::kSwap128x64, kWideN},
-    {64, 0, Sm90Tile::kSplitKSwap128x64},
+    {64, 0, Sm90Tile::kSplitKSwap128x64, 0, kLongK},
+    {64, 0, Sm90Tile::kSwap128x64},
     {128, 0, Sm90Tile::kPing64x256, kWideN},
-    {128, 0, Sm90Tile::kSplitKSwap128x64},
+    {128, 0, Sm90Tile::kSwap128x64},
     {256, 0, Sm90Tile::kCoop128x256, kWideN},
     {256, 0, Sm90Tile::kStreamK128x128, 0, kLongK},
     {256, 0, Sm90Tile::kCoop128x128},
