@@ -8,12 +8,11 @@ Prints one JSON line per probe, medians over --runs calls after warm-up, in ms:
   null_one_arg       jit(x + 1) on the step's packed int32 buffer: the floor of one call
   null_all_weights   the same with every weight leaf passed too (what the forward receives)
   forward            the engine's one-question forward: `return_ms` until the call returns to
-                     Python (its thunks launched), `done_ms` until its result is ready
-  forward_same_input the same executable on one device-resident packed buffer every call
-  forward_staged     a fresh host buffer each call, copied into one persistent device buffer
-                     by a donated copy first (`stable`: that buffer kept its device address)
-The forward's CUDA graphs (XLA command buffers) are re-recorded wherever a buffer they use
-moved, so forward vs forward_same_input is what the packed input's new address costs.
+                     Python (its thunks launched), `done_ms` until its result is ready;
+                     `stable`: its packed input and hidden kept their device addresses
+  forward_moving_output  the same, but hidden written to a fresh buffer each call
+XLA re-records the forward's CUDA graphs (command buffers) whenever a buffer they use moved
+(runner.py), so forward_moving_output - forward is what one moving buffer costs a step.
 The difference between the two null calls is the per-argument cost of ~900 weight buffers; a
 forward whose return_ms is close to done_ms launches at the GPU's pace (host-bound launching).
 Needs a GPU for meaningful numbers; on the CPU it runs as a smoke test (--preset tiny).
@@ -28,8 +27,10 @@ import time
 from types import SimpleNamespace
 
 import jax
+import numpy as np
 from e2e_decide import PRESETS, build, scenarios  # benchmarks/ is sys.path[0] as a script
 
+from prism_jax.config import EngineConfig
 from prism_jax.forest import build_forest
 from prism_jax.scheduler import place, plan_steps, release, step_arrays
 from prism_jax.step_buffers import forward_layout, pack
@@ -50,6 +51,16 @@ def timed_call(fn, runs: int) -> tuple[float, float]:
     return 1e3 * statistics.median(returned), 1e3 * statistics.median(done)
 
 
+def stable_addresses(runner, arrays, t: int) -> bool:
+    """Whether two more forwards keep the packed input and hidden at their device addresses."""
+    pointers = []
+    for _ in range(2):
+        runner.forward(arrays)
+        bufs = (runner._inputs[t], runner._hidden[t])  # noqa: SLF001
+        pointers.append([b.unsafe_buffer_pointer() for b in bufs])
+    return pointers[0] == pointers[1]
+
+
 def one_question_arrays(engine, scenario):
     forest = build_forest(scenario.questions, engine.root_len)
     placements = place(forest, engine.cache)
@@ -68,6 +79,7 @@ def main(argv=None) -> None:
     if args.single_digit:
         config = config.replace(int8_two_digit_rows=(), int8_two_digit_weights=())
     setup = SimpleNamespace(seed=0, kv_pages=320, token_buckets=(64, 256, 512, 2048))
+    setup.command_buffers = EngineConfig.command_buffers
     setup.no_baseline = True
     engine, _ = build(config, setup, {})
     runner = engine.runner
@@ -84,27 +96,16 @@ def main(argv=None) -> None:
     row("null_one_arg", timed_call(lambda: one(packed), args.runs))
     many = jax.jit(lambda leaves, x: x + 1)
     row("null_all_weights", timed_call(lambda: many(leaves, packed), args.runs), args=len(leaves))
-    runner.executable(("forward", t))
-    row("forward", timed_call(lambda: runner.forward(arrays), args.runs), tokens=t)
-    exe = runner.executable(("forward", t))
+    row("forward", timed_call(lambda: runner.forward(arrays), args.runs), tokens=t,
+        stable=stable_addresses(runner, arrays, t))
+    exe, staged = runner.executable(("forward", t)), runner._inputs[t]  # noqa: SLF001
 
-    def forward_on(buf):
-        hidden, runner.kv = exe(leaves, runner.kv, buf)
+    def forward_moving_output():  # a fresh hidden buffer each call: XLA re-records its graphs
+        out = jax.device_put(np.zeros(runner._hidden[t].shape, np.float32))  # noqa: SLF001
+        hidden, runner.kv = exe(leaves, runner.kv, staged, out)
         return hidden
 
-    resident = jax.device_put(packed)
-    row("forward_same_input", timed_call(lambda: forward_on(resident), args.runs), tokens=t)
-    copy_into = jax.jit(lambda dst, src: jax.lax.dynamic_update_slice(dst, src, (0,)),
-                        donate_argnums=0)
-    staged = {"buf": jax.device_put(packed)}
-    first = staged["buf"].unsafe_buffer_pointer()
-
-    def forward_staged():
-        staged["buf"] = copy_into(staged["buf"], packed)
-        return forward_on(staged["buf"])
-
-    times = timed_call(forward_staged, args.runs)
-    row("forward_staged", times, tokens=t, stable=staged["buf"].unsafe_buffer_pointer() == first)
+    row("forward_moving_output", timed_call(forward_moving_output, args.runs), tokens=t)
     release(placements, engine.cache, True)
     print(json.dumps({"probe": "info", "device": jax.devices()[0].device_kind}))
 
