@@ -8,11 +8,13 @@ Prints one JSON line per probe, medians over --runs calls after warm-up, in ms:
   null_one_arg       jit(x + 1) on the step's packed int32 buffer: the floor of one call
   null_all_weights   the same with every weight leaf passed too (what the forward receives)
   forward            the engine's one-question forward: `return_ms` until the call returns to
-                     Python (its thunks launched), `done_ms` until its result is ready;
-                     `stable`: its packed input and hidden kept their device addresses
-  forward_moving_output  the same, but hidden written to a fresh buffer each call
-XLA re-records the forward's CUDA graphs (command buffers) whenever a buffer they use moved
-(runner.py), so forward_moving_output - forward is what one moving buffer costs a step.
+                     Python (its thunks launched), `done_ms` until its result is ready; each
+                     result is dropped before the next call, as the engine drops its hidden
+  forward_held       the same, each result kept until the next call has returned
+XLA re-records the forward's CUDA graph (command buffer) whenever a buffer it uses has moved;
+the allocator gives a dropped hidden's block to the next call, a held one it cannot, so
+forward_held - forward is what a moving buffer costs a step (runner.py). To see the re-records:
+TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=command_buffer_thunk=3 ("Updated command buffer in").
 The difference between the two null calls is the per-argument cost of ~900 weight buffers; a
 forward whose return_ms is close to done_ms launches at the GPU's pace (host-bound launching).
 Needs a GPU for meaningful numbers; on the CPU it runs as a smoke test (--preset tiny).
@@ -27,7 +29,6 @@ import time
 from types import SimpleNamespace
 
 import jax
-import numpy as np
 from e2e_decide import PRESETS, build, scenarios  # benchmarks/ is sys.path[0] as a script
 
 from prism_jax.config import EngineConfig
@@ -36,11 +37,14 @@ from prism_jax.scheduler import place, plan_steps, release, step_arrays
 from prism_jax.step_buffers import forward_layout, pack
 
 
-def timed_call(fn, runs: int) -> tuple[float, float]:
-    """Median ms until fn() returns and until its result is ready (fn is warmed up first)."""
-    jax.block_until_ready(fn())
+def timed_call(fn, runs: int, hold: bool = True) -> tuple[float, float]:
+    """Median ms until fn() returns and until its result is ready (fn is warmed up first).
+    hold: keep each result alive until the next call has returned (else drop it first)."""
+    out = jax.block_until_ready(fn())
     returned, done = [], []
     for _ in range(runs):
+        if not hold:
+            out = None
         t0 = time.perf_counter()
         out = fn()
         t1 = time.perf_counter()
@@ -49,16 +53,6 @@ def timed_call(fn, runs: int) -> tuple[float, float]:
         returned.append(t1 - t0)
         done.append(t2 - t0)
     return 1e3 * statistics.median(returned), 1e3 * statistics.median(done)
-
-
-def stable_addresses(runner, arrays, t: int) -> bool:
-    """Whether two more forwards keep the packed input and hidden at their device addresses."""
-    pointers = []
-    for _ in range(2):
-        runner.forward(arrays)
-        bufs = (runner._inputs[t], runner._hidden[t])  # noqa: SLF001
-        pointers.append([b.unsafe_buffer_pointer() for b in bufs])
-    return pointers[0] == pointers[1]
 
 
 def one_question_arrays(engine, scenario):
@@ -96,16 +90,9 @@ def main(argv=None) -> None:
     row("null_one_arg", timed_call(lambda: one(packed), args.runs))
     many = jax.jit(lambda leaves, x: x + 1)
     row("null_all_weights", timed_call(lambda: many(leaves, packed), args.runs), args=len(leaves))
-    row("forward", timed_call(lambda: runner.forward(arrays), args.runs), tokens=t,
-        stable=stable_addresses(runner, arrays, t))
-    exe, staged = runner.executable(("forward", t)), runner._inputs[t]  # noqa: SLF001
-
-    def forward_moving_output():  # a fresh hidden buffer each call: XLA re-records its graphs
-        out = jax.device_put(np.zeros(runner._hidden[t].shape, np.float32))  # noqa: SLF001
-        hidden, runner.kv = exe(leaves, runner.kv, staged, out)
-        return hidden
-
-    row("forward_moving_output", timed_call(forward_moving_output, args.runs), tokens=t)
+    for hold in (False, True):
+        times = timed_call(lambda: runner.forward(arrays), args.runs, hold)
+        row("forward_held" if hold else "forward", times, tokens=t)
     release(placements, engine.cache, True)
     print(json.dumps({"probe": "info", "device": jax.devices()[0].device_kind}))
 

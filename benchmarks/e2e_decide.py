@@ -120,7 +120,7 @@ def step_keys(e: EngineConfig, steps: list[tuple[int, int]]) -> list[tuple]:
     c = bucket(OPTIONS, e.candidate_buckets, "candidates")
     for tokens, rows in steps:
         t = bucket(tokens, e.token_buckets, "tokens")
-        keys += [("forward", t), ("stage", t)]
+        keys.append(("forward", t))
         if rows:
             r = bucket(rows, e.row_buckets, "rows")
             keys.append(("readout", t, r, c))  # gather + candidate head, fused

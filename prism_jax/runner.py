@@ -11,13 +11,13 @@ integer inputs travel packed in one buffer (step_buffers), and a readout gathers
 scores the candidates and returns one f32 array, so a step costs two calls (three when some
 row needs the vocabulary pass) and one device-to-host read.
 
-Every buffer a forward touches keeps its device address from step to step. On the GPU, XLA
-runs the forward as CUDA graphs (command buffers) and re-records them whenever a buffer they
-use has moved: for the 27B forward, one graph of 1,182 commands, ~4 ms of host time before
-its first kernel could start, on every step (an H200 measurement, results/e2e_h200_session7/).
-So the packed input is first copied into the bucket's own device buffer (a donated copy, the
-`stage` executable) and the forward writes hidden into a donated buffer of its bucket, which
-it returns: that hidden stays valid until the next forward of the same bucket.
+On the GPU XLA runs the forward as a CUDA graph (a command buffer: 1,182 commands for the 27B)
+and re-records it, ~4 ms of host time before its first kernel, whenever a buffer it uses has
+moved. The forward's packed input and hidden are fresh allocations each step, yet the
+allocator hands them the blocks the previous step freed, so in the engine's loop they keep
+their addresses; holding a hidden across the next forward of its bucket would move them
+(benchmarks/dispatch_probe.py, results/e2e_h200_session7/). Pinning both in donated buffers
+removed the re-records in that case but did not speed up the engine's steps, so it is not done.
 """
 
 from __future__ import annotations
@@ -47,31 +47,20 @@ class Runner:
         # Readouts take only the output embedding: passing the whole params pytree (hundreds
         # of leaves) to every readout call cost milliseconds of host time per step.
         self._embedding = model.output_embedding(params, config)
-        # Per forward bucket T: the packed-input and hidden buffers whose addresses stay put.
-        self._inputs: dict[int, jax.Array] = {}
-        self._hidden: dict[int, jax.Array] = {}
 
     # --- the jitted step functions (layouts are static: one jit per bucket) ----------------
     def _forward_fn(self, layout: Layout):
         config, tree = self.config, self._param_tree
 
-        def fwd(leaves, kv, packed, out):
+        def fwd(leaves, kv, packed):
             a = unpack(packed, layout)
             tables = model.PagedTables(
                 a["slot"], a["positions"], a["chain_of"], a["chain_segments"], a["pages_flat"]
             )
             params = jax.tree.unflatten(tree, leaves)
-            hidden, kv = model.forward_paged(params, config, kv, a["tokens"], tables)
-            # Written into the donated `out`: the result keeps out's device address.
-            return jax.lax.dynamic_update_slice(out, hidden, (0, 0)), kv
+            return model.forward_paged(params, config, kv, a["tokens"], tables)
 
-        return jax.jit(fwd, donate_argnums=(1, 3))
-
-    def _stage_fn(self):
-        """A copy into the donated dst: the result is dst's buffer with src's values."""
-        return jax.jit(
-            lambda dst, src: jax.lax.dynamic_update_slice(dst, src, (0,)), donate_argnums=0
-        )
+        return jax.jit(fwd, donate_argnums=1)
 
     def _readout_fn(self, layout: Layout):
         config = self.config
@@ -107,7 +96,6 @@ class Runner:
         a readout left out here would compile on first use, in the middle of serving."""
         e = self.engine
         keys: list[tuple] = [("forward", t) for t in e.token_buckets]
-        keys += [("stage", t) for t in e.token_buckets]
         keys += [
             ("readout", t, r, c)
             for t, r, c in itertools.product(e.token_buckets, e.row_buckets, e.candidate_buckets)
@@ -120,12 +108,7 @@ class Runner:
         if kind == "forward":
             layout = forward_layout(t, self.engine)
             packed = self._spec((size(layout),))
-            lowered = self._forward_fn(layout).lower(
-                self._param_leaves, self.kv, packed, self._hidden_spec(t)
-            )
-        elif kind == "stage":
-            packed = self._spec((size(forward_layout(t, self.engine)),))
-            lowered = self._stage_fn().lower(packed, packed)
+            lowered = self._forward_fn(layout).lower(self._param_leaves, self.kv, packed)
         elif kind == "readout":
             layout = readout_layout(key[2], key[3])
             packed = self._spec((size(layout),))
@@ -151,22 +134,10 @@ class Runner:
 
     # --- running ---------------------------------------------------------------------------
     def forward(self, arrays: Mapping[str, np.ndarray]) -> jax.Array:
-        """Runs one padded step; the pool is donated and replaced. Returns hidden [T, D], valid
-        until the next forward of the same token bucket (which reuses its buffer): read() it
-        before."""
+        """Runs one padded step; the pool is donated and replaced. Returns hidden [T, D]."""
         t = arrays["tokens"].shape[0]
         packed = pack(arrays, forward_layout(t, self.engine))  # one transfer, not six
-        staged = self._inputs.pop(t, None)
-        if staged is None:  # a transfer, not jnp.zeros: that would compile in the step
-            staged = jax.device_put(np.zeros(packed.shape, packed.dtype))
-        staged = self.executable(("stage", t))(staged, packed)
-        self._inputs[t] = staged
-        out = self._hidden.pop(t, None)
-        if out is None:
-            spec = self._hidden_spec(t)
-            out = jax.device_put(np.zeros(spec.shape, spec.dtype))
-        hidden, self.kv = self.executable(("forward", t))(self._param_leaves, self.kv, staged, out)
-        self._hidden[t] = hidden
+        hidden, self.kv = self.executable(("forward", t))(self._param_leaves, self.kv, packed)
         return hidden
 
     def read(

@@ -84,39 +84,17 @@ def test_warmup_compiles_every_bucket_once(engine):
 
 def test_each_call_gets_one_integer_buffer(engine):
     """Every numpy input is its own host-to-device copy: the forward takes the weights, the
-    pool, one packed int32 buffer and its hidden buffer; the readout the embedding, hidden and
-    one buffer."""
+    pool and one packed int32 buffer; the readout the embedding, hidden and one buffer."""
     runner = engine.runner
     args, kwargs = runner.executable(("forward", 64)).args_info
-    assert not kwargs and len(args) == 4, "forward(weights, kv, packed, out)"
-    weights, kv, packed, out = args
+    assert not kwargs and len(args) == 3, "forward(weights, kv, packed)"
+    weights, kv, packed = args
     assert len(weights) == len(runner._param_leaves)
     assert all(a.donated for a in jax.tree.leaves(kv)), "the pool is updated in place"
-    assert packed.dtype == np.int32 and len(packed.shape) == 1 and not packed.donated
-    assert out.donated and out.shape == (64, engine.config.hidden_size), "hidden in place"
-    args, kwargs = runner.executable(("stage", 64)).args_info
-    assert len(args) == 2 and args[0].donated and args[0].shape == packed.shape
+    assert packed.dtype == np.int32 and len(packed.shape) == 1
     args, kwargs = runner.executable(("readout", 64, 4, 8)).args_info
     assert not kwargs and len(args) == 3, "readout(embedding, hidden, packed)"
     assert args[2].dtype == np.int32 and len(args[2].shape) == 1
-
-
-def test_forward_reuses_its_buckets_buffers(engine, rng):
-    """The forward's packed input and hidden live in the bucket's own buffers, donated from
-    step to step (their device addresses stay put: XLA re-records its CUDA graphs when one
-    moves); the previous step's hidden of that bucket is given up, other buckets' are not."""
-    runner = engine.runner
-    toks = lambda n: tuple(int(t) for t in rng.integers(3, engine.config.vocab_size, n))  # noqa: E731
-    a, b = ([RenderedQuestion(toks(20), toks(4), ((1,), (2,)))] for _ in range(2))
-    engine.run(a)  # one 64-token step each (fresh states: no prefix-cache hit)
-    kept = {t: runner._hidden[t] for t in runner._hidden}
-    staged = {t: runner._inputs[t] for t in runner._inputs}
-    engine.run(b)
-    for t, h in kept.items():
-        moved = runner._hidden[t] is not h
-        assert h.is_deleted() == moved, f"bucket {t}: a replaced hidden must be donated"
-        assert staged[t].is_deleted() == (runner._inputs[t] is not staged[t])
-    assert any(h.is_deleted() for h in kept.values()), "the 64-token bucket ran twice"
 
 
 def test_steady_state_never_compiles(engine, rng):
