@@ -2,6 +2,8 @@
 //   gate_up [M, 2F] f32|bf16 -> q1 s8 [M, F], s1 f32 [M], q2 s8 [M, F], s2 f32 [M].
 // Each row is one pass of Activate (a kept in a row buffer, then overwritten by the remainder);
 // rows are spread over XLA's thread pool, and a row's bits never depend on which thread ran it.
+// prism_glu_quant2_sum first adds the row's partial products, gate_up = y2[r] + (y2[M + r] +
+// yw2[r]) in f32 (the model's order, Int8Linear), then does the same.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -61,6 +63,36 @@ void GluRows2(ffi::ThreadPool& pool, const T* gate_up, int64_t m, int64_t f, Act
   });
 }
 
+void GluRows2Sum(ffi::ThreadPool& pool, const float* y2, const float* yw2, int64_t m, int64_t f,
+                 Activation act, Digits out) {
+  const int64_t per_item = std::max<int64_t>(1, kElementsPerItem / std::max<int64_t>(f, 1));
+  ParallelFor(pool, (m + per_item - 1) / per_item, [&](int64_t item) {
+    std::vector<float> buf(f), row(2 * f);
+    const int64_t end = std::min(m, (item + 1) * per_item);
+    for (int64_t r = item * per_item; r < end; ++r) {
+      const float *x1 = y2 + r * 2 * f, *x2 = y2 + (m + r) * 2 * f, *w2 = yw2 + r * 2 * f;
+      for (int64_t i = 0; i < 2 * f; ++i) row[i] = x1[i] + (x2[i] + w2[i]);
+      GluRow2(row.data(), row.data() + f, f, act, buf.data(), out.q1 + r * f, out.s1 + r,
+              out.q2 + r * f, out.s2 + r);
+    }
+  });
+}
+
+ffi::Error GluQuant2SumCpu(ffi::ThreadPool pool, ffi::BufferR2<ffi::F32> y2,
+                           ffi::BufferR2<ffi::F32> yw2, ffi::Result<ffi::BufferR2<ffi::S8>> q1,
+                           ffi::Result<ffi::BufferR1<ffi::F32>> s1,
+                           ffi::Result<ffi::BufferR2<ffi::S8>> q2,
+                           ffi::Result<ffi::BufferR1<ffi::F32>> s2, int32_t activation) {
+  if (ffi::Error e = CheckGluSumArgs(y2.dimensions(), yw2.dimensions(), activation); e.failure()) {
+    return e;
+  }
+  const int64_t m = yw2.dimensions()[0], f = yw2.dimensions()[1] / 2;
+  const Digits out{q1->typed_data(), s1->typed_data(), q2->typed_data(), s2->typed_data()};
+  GluRows2Sum(pool, y2.typed_data(), yw2.typed_data(), m, f, static_cast<Activation>(activation),
+              out);
+  return ffi::Error::Success();
+}
+
 ffi::Error GluQuant2Cpu(ffi::ThreadPool pool, ffi::AnyBuffer gate_up,
                         ffi::Result<ffi::BufferR2<ffi::S8>> q1,
                         ffi::Result<ffi::BufferR1<ffi::F32>> s1,
@@ -89,6 +121,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismGluQuant2Cpu, prism::GluQuant2Cpu,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()            // gate_up [M, 2F] f32|bf16
+                                  .Ret<ffi::BufferR2<ffi::S8>>()   // q1 [M, F]
+                                  .Ret<ffi::BufferR1<ffi::F32>>()  // s1 [M]
+                                  .Ret<ffi::BufferR2<ffi::S8>>()   // q2 [M, F]
+                                  .Ret<ffi::BufferR1<ffi::F32>>()  // s2 [M]
+                                  .Attr<int32_t>("activation"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismGluQuant2SumCpu, prism::GluQuant2SumCpu,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::BufferR2<ffi::F32>>()  // y2 [2M, 2F]
+                                  .Arg<ffi::BufferR2<ffi::F32>>()  // yw2 [M, 2F]
                                   .Ret<ffi::BufferR2<ffi::S8>>()   // q1 [M, F]
                                   .Ret<ffi::BufferR1<ffi::F32>>()  // s1 [M]
                                   .Ret<ffi::BufferR2<ffi::S8>>()   // q2 [M, F]

@@ -155,6 +155,21 @@ class Linear(nnx.Module):
         y = y.reshape(t, *self.out)  # (T, *out)
         return y if self.bias is None else y + self.bias[...]
 
+    def int8_partials(self, x: Quantized) -> tuple[jax.Array, jax.Array] | None:
+        """With two-digit rows and weights (and no bias): the partial products (y2, y_w2),
+        y2 [2T, *out] = x1 W1 stacked over x2 W1 and y_w2 [T, *out] = x1 W2, which this layer
+        adds as y2[:T] + (y2[T:] + y_w2); a consumer that can add them itself (glu_quant2_sum)
+        spares XLA writing the sum out. None for every other layout."""
+        if self.precision != "int8" or x.q2 is None or self.w_q2 is None or self.bias is not None:
+            return None
+        t = x.q.shape[0]
+        w_q = self.w_q[...].reshape(-1, self.in_dim)  # (prod(out), K)
+        q = jnp.concatenate([x.q, x.q2])  # (2T, K): both digits in one GEMM, W1 read once
+        y2 = ops.int8_gemm(q, jnp.concatenate([x.s, x.s2]), w_q, self.s_w[...].reshape(-1))
+        w_q2 = self.w_q2[...].reshape(-1, self.in_dim)
+        y_w2 = ops.int8_gemm(x.q, x.s, w_q2, self.s_w2[...].reshape(-1))
+        return y2.reshape(2 * t, *self.out), y_w2.reshape(t, *self.out)
+
     def _int8(self, x: Quantized, t: int) -> jax.Array:
         """x1 W1 (+ x2 W1 when x has a second digit) (+ x1 W2 with two-digit weights), each an
         exact int32 GEMM with its own fp32 epilogue; x2 W2 is below fp32 rounding. A row's

@@ -8,7 +8,13 @@ Layers call these functions, never jax.ffi directly. Each op runs the XLA FFI cu
 from prism_jax.ops._registry import register
 from prism_jax.ops.candidate_head import candidate_head, vocab_logsumexp
 from prism_jax.ops.dispatch import current_impl, use_impl
-from prism_jax.ops.glu_quant import glu_quant, glu_quant2, glu_quant2_pair, glu_quant_pair
+from prism_jax.ops.glu_quant import (
+    glu_quant,
+    glu_quant2,
+    glu_quant2_pair,
+    glu_quant2_sum,
+    glu_quant_pair,
+)
 from prism_jax.ops.int8_gemm import int8_gemm
 from prism_jax.ops.quantize import (
     dequantize_rows,
@@ -29,6 +35,7 @@ __all__ = [
     "glu_quant",
     "glu_quant2",
     "glu_quant2_pair",
+    "glu_quant2_sum",
     "glu_quant_pair",
     "int8_gemm",
     "pack_chains",

@@ -1,5 +1,6 @@
 """glu_quant: a = act(gate) * up, then per-row INT8 quantisation (F ffw dim; rows flattened);
 glu_quant2: the same plus the second INT8 digit of each row, in one custom call.
+glu_quant2_sum: glu_quant2 of a two-digit projection's partial products, summed in the kernel.
 
 The custom calls read the fused gate/up projection's output [..., 2, F] as it is
 (`glu_quant_pair`, `glu_quant2_pair`: what the model calls): slicing gate and up out of it
@@ -155,3 +156,51 @@ def glu_quant2_pair(gate_up, *, activation: str, impl: Impl | None = None):
     q1, s1, q2, s2 = call(rows, activation=np.int32(ACTIVATIONS[activation]))
     lead = gate_up.shape[:-2]
     return q1.reshape(*lead, f), s1.reshape(lead), q2.reshape(*lead, f), s2.reshape(lead)
+
+
+def _check_sum(y2, y_w2, activation: str) -> None:
+    _check_activation(activation)
+    _checks.require(OP, "y_w2", y_w2, rank=3, dtypes=[jnp.float32], expected="[M, 2, F]")
+    if y_w2.shape[1] != 2:
+        raise ValueError(f"{OP}: y_w2 must be [M, 2, F] (gate, then up), got "
+                         f"{_checks.describe(y_w2)}")  # fmt: skip
+    m = y_w2.shape[0]
+    if getattr(y2, "shape", None) != (2 * m, *y_w2.shape[1:]) or y2.dtype != jnp.float32:
+        got = _checks.describe(y2) if hasattr(y2, "shape") else type(y2).__name__
+        raise ValueError(
+            f"{OP}: y2 must be float32 [2M, 2, F] = {[2 * m, *y_w2.shape[1:]]} for y_w2 "
+            f"{_checks.describe(y_w2)} (rows x1 W1, then x2 W1), got {got}"
+        )
+
+
+def glu_quant2_sum_reference(y2, y_w2, activation: str):
+    m = y_w2.shape[0]
+    gate_up = y2[:m] + (y2[m:] + y_w2)  # Int8Linear's order
+    return glu_quant2_reference(gate_up[:, 0], gate_up[:, 1], activation)
+
+
+def glu_quant2_sum(y2, y_w2, *, activation: str, impl: Impl | None = None):
+    """glu_quant2 of gate_up = y2[:M] + (y2[M:] + y_w2): a two-digit projection's partial
+    products (Int8Linear.int8_partials: x1 W1 and x2 W1 stacked, and x1 W2), added in the
+    kernel in Int8Linear's order, so the result is glu_quant2_pair of Int8Linear's output, bit
+    for bit, without XLA writing that sum out and the kernel reading it back.
+
+    Args:
+      y2: float32 [2M, 2, F].
+      y_w2: float32 [M, 2, F].
+      activation: "gelu_tanh" or "silu".
+
+    Returns:
+      (q1 int8 [M, F], s1 float32 [M], q2 int8 [M, F], s2 float32 [M]).
+    """
+    _check_sum(y2, y_w2, activation)
+    if resolve_impl(impl) == "reference":
+        return glu_quant2_sum_reference(y2, y_w2, activation)
+    require_target("prism_glu_quant2_sum")
+    m, f = y_w2.shape[0], y_w2.shape[-1]
+    codes = jax.ShapeDtypeStruct((m, f), jnp.int8)
+    scales = jax.ShapeDtypeStruct((m,), jnp.float32)
+    call = jax.ffi.ffi_call(
+        "prism_glu_quant2_sum", (codes, scales, codes, scales), vmap_method="sequential"
+    )
+    return call(_rows(y2), _rows(y_w2), activation=np.int32(ACTIVATIONS[activation]))

@@ -36,6 +36,12 @@ CASES = [
     (lambda: ops.glu_quant(f32(2, 8), f32(2, 8), activation="relu"), "activation", "silu"),
     (lambda: ops.glu_quant_pair(f32(2, 3, 8), activation="silu"), "gate_up", "[..., 2, F]"),
     (lambda: ops.glu_quant2_pair(i8(2, 2, 8), activation="silu"), "gate_up", "float32"),
+    (lambda: ops.glu_quant2_sum(f32(4, 2, 8), f32(2, 3, 8), activation="silu"), "y_w2",
+     "[M, 2, F]"),
+    (lambda: ops.glu_quant2_sum(f32(2, 2, 8), f32(2, 2, 8), activation="silu"), "y2",
+     "[4, 2, 8]"),
+    (lambda: ops.glu_quant2_sum(f32(4, 2, 8), f32(2, 2, 8), activation="relu"), "activation",
+     "silu"),
     (lambda: ops.candidate_head(f32(2, 8), f32(10, 7), np.zeros((2, 3), np.int32),
                                 np.ones(2, np.int32)), "embedding", "D = 8"),
     (lambda: ops.candidate_head(f32(2, 8), f32(10, 8), np.zeros((2, 3), np.int64),
@@ -67,6 +73,10 @@ def test_handler_rejects_bad_shapes_directly():
     call = jax.ffi.ffi_call("prism_int8_gemm", outs)
     with pytest.raises(Exception, match="w_q must be \\[N, K\\]"):
         jax.block_until_ready(call(i8(4, 8), f32(4), i8(3, 9), f32(3)))
+    codes, scales = jax.ShapeDtypeStruct((2, 8), jnp.int8), jax.ShapeDtypeStruct((2,), jnp.float32)
+    call = jax.ffi.ffi_call("prism_glu_quant2_sum", (codes, scales, codes, scales))
+    with pytest.raises(Exception, match="y2 must be \\[2M, 2F\\]"):
+        jax.block_until_ready(call(f32(2, 16), f32(2, 16), activation=np.int32(1)))
 
 
 def test_impl_scope_does_not_nest():

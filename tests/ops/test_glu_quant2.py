@@ -162,3 +162,68 @@ def test_model_mlp_leaves_transcendentals_to_the_kernel(family):
     assert "prism_glu_quant2" in jaxpr
     for prim in ("tanh", "exp", "logistic", "erf"):
         assert f" {prim}[" not in jaxpr and f"= {prim} " not in jaxpr, prim
+
+
+def partials(rng, m, f, scale=2.0):
+    """A two-digit projection's partial products: y2 [2M, 2, F] (x1 W1 over x2 W1, the second
+    digit's rows ~1/254 of the first's) and y_w2 [M, 2, F] (x1 W2, ~1/254 too)."""
+    first = rng.normal(0, scale, (m, 2, f))
+    second = rng.normal(0, scale / 254, (2, m, 2, f))
+    y2 = np.concatenate([first, second[0]]).astype(np.float32)
+    return y2, second[1].astype(np.float32)
+
+
+# (2, 60000): a row of more floats than the CUDA kernel keeps in shared memory (recomputed).
+SUM_SHAPES = [(1, 1), (3, 7), (9, 257), (33, 2048), (2, 60000)]
+
+
+@pytest.mark.parametrize("m,f", SUM_SHAPES)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_sum_is_the_pair_of_the_models_sum(device, rng, m, f, activation):
+    """glu_quant2_sum adds the partials in Int8Linear's order, y2[:M] + (y2[M:] + y_w2): its
+    digits are glu_quant2_pair's of that sum, bit for bit, on each device."""
+    y2, y_w2 = partials(rng, m, f)
+    if m > 2:
+        y2[1, 1], y2[m + 1, 1], y_w2[1, 1] = 0.0, 0.0, 0.0  # an all-zero up row
+    got = run_on(device, ops.glu_quant2_sum, y2, y_w2, activation=activation)
+
+    def summed_pair(y2, y_w2):
+        return ops.glu_quant2_pair(y2[:m] + (y2[m:] + y_w2), activation=activation)
+
+    want = run_on(device, summed_pair, y2, y_w2)
+    for x, y, name in zip(got, want, ("q1", "s1", "q2", "s2"), strict=True):
+        assert_bitwise_equal(x, y, f"glu_quant2_sum {name}")
+    if m > 2:
+        assert got[1][1] == got[3][1] == 0 and not got[0][1].any(), "zero row"
+
+
+def test_sum_reference_adds_in_the_models_order(rng):
+    y2, y_w2 = partials(rng, 5, 64)
+    got = ops.glu_quant2_sum(y2, y_w2, activation="silu", impl="reference")
+    gate_up = y2[:5] + (y2[5:] + y_w2)
+    want = ops.glu_quant2_pair(gate_up, activation="silu", impl="reference")
+    for x, y in zip(got, want, strict=True):
+        assert_bitwise_equal(np.asarray(x), np.asarray(y), "reference")
+
+
+@pytest.mark.parametrize("family", ["gemma3", "llama"])
+def test_two_digit_mlp_adds_gate_up_in_the_kernel(device, family):
+    """With two-digit gate/up rows and weights, the MLP hands gate_up's partial products to
+    glu_quant2_sum: the same bits as Int8Linear's own sum through glu_quant2_pair."""
+    config = ModelConfig.from_hf_config(TINY_HF_CONFIGS[family])
+    assert {"gate_up", "down"} <= set(config.int8_two_digit_rows), "the default: two digits"
+    mlp = bind(init_random(config, "int8", seed=0), config).layers[0].mlp
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 1, (6, config.hidden_size)).astype(np.float32)
+
+    def quantized(x):
+        return Quantized(*ops.quantize_rows(x)).with_remainder(x)
+
+    def old_path(x):
+        gu = mlp.gate_up(quantized(x))
+        return mlp.down(Quantized(*ops.glu_quant2_pair(gu, activation=mlp.activation)))
+
+    jaxpr = str(jax.make_jaxpr(lambda x: mlp(quantized(x)))(x))
+    assert "prism_glu_quant2_sum" in jaxpr
+    assert_bitwise_equal(run_on(device, lambda x: mlp(quantized(x)), x),
+                         run_on(device, old_path, x), "two-digit MLP")  # fmt: skip
