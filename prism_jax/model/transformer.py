@@ -110,7 +110,8 @@ class MLP(nnx.Module):
         )
 
     def __call__(self, x: Quantized | jax.Array) -> jax.Array:
-        parts = self.gate_up.int8_partials(x) if self.two_digit else None
+        two_digit = self.precision == "int8" and self.two_digit
+        parts = self.gate_up.int8_partials(x) if two_digit else None
         if parts is not None:  # gate_up's partial products, added inside the activation kernel
             return self.down(Quantized(*ops.glu_quant2_sum(*parts, activation=self.activation)))
         gu = self.gate_up(x)  # (T, 2, F)
