@@ -22,8 +22,8 @@ enum class Sm90Tile {
   kSwap128x64,   // y^T = w x^T: tile 128 weight rows x 64 tokens x 128, ping-pong: small M
   kStreamK128x128,  // cooperative 128x128x128 with the stream-K scheduler (needs workspace)
   kStreamK128x256,  // cooperative 128x256x128 with the stream-K scheduler (needs workspace)
-  // Swapped 128x64x128, cooperative, split-K: when the weight-row tiles are fewer than the SMs
-  // (o, qkv and down at small M), each tile's K is split across peers (needs workspace).
+  // Swapped 128x64x128, cooperative, split-K: each tile's K split across peers when the
+  // weight-row tiles are far fewer than the SMs (down at small M; needs workspace).
   kSplitKSwap128x64,
 };
 constexpr int kSm90TileCount = 7;

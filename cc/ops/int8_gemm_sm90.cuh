@@ -8,11 +8,11 @@
 // (acc * s_x[m]) * s_w[n] in fp32, the int32 -> fp32 conversion round-to-nearest (cvt.rn).
 //
 // Schedulers: the default persistent data-parallel one (one CTA owns an output tile's whole K),
-// split-K (kSplitK: every tile's K in SmCount / tiles equal shares, for problems of far fewer
-// tiles than SMs, such as the swapped small-M GEMMs of o, qkv and down), or stream-K (kStreamK),
-// which splits the last waves' tiles along K across CTAs so that a
-// problem of fewer tiles than SMs (down and o at M = 256: 84 tiles on 132 SMs) or with a ragged
-// last wave keeps every SM busy. Its peers add their int32 partial accumulators in a workspace
+// split-K (kSplitK: every tile's K in up to SmCount / tiles shares, for far fewer tiles than
+// SMs: down's swapped GEMM at small M, 42 tiles of K = 21504), or stream-K (kStreamK), which
+// splits the last waves' tiles along K across CTAs so that a problem of fewer tiles than SMs
+// (down and o at M = 256: 84 tiles on 132 SMs) or with a ragged last wave keeps every SM busy.
+// Both split schedulers' peers add their int32 partial accumulators in a workspace
 // before the one epilogue; int32 addition is exact in any order, so CUTLASS's nondeterministic
 // (lock-free order) reduction still gives the data-parallel kernel's bits.
 #pragma once
@@ -165,7 +165,8 @@ struct Gemm {
   // Split-K peers per output tile: as many as fill the SMs once (tiles rounded up to whole
   // clusters), at most 4 and at most one per 4 k-tiles, so each peer still streams a long run.
   static int Splits(int gm, int gn, int gk) {
-    constexpr int kTm = size<0>(TileShape{}), kTn = size<1>(TileShape{}), kTk = size<2>(TileShape{});
+    constexpr int kTm = size<0>(TileShape{}), kTn = size<1>(TileShape{});
+    constexpr int kTk = size<2>(TileShape{});
     constexpr int kCm = size<0>(typename Cfg::ClusterShape{});
     const int tiles_m = (gm + kTm - 1) / kTm, tiles_n = (gn + kTn - 1) / kTn;
     const int tiles = (tiles_m + kCm - 1) / kCm * kCm * tiles_n;
