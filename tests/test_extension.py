@@ -15,6 +15,7 @@ TARGETS = {
     "prism_add_rmsnorm_quant",
     "prism_glu_quant",
     "prism_glu_quant2",
+    "prism_glu_quant2_sum",
     "prism_candidate_head",
     "prism_vocab_logsumexp",
     "prism_tree_attention",
