@@ -13,11 +13,11 @@ row needs the vocabulary pass) and one device-to-host read.
 
 On the GPU XLA runs the forward as a CUDA graph (a command buffer: 1,182 commands for the 27B)
 and re-records it, ~4 ms of host time before its first kernel, whenever a buffer it uses has
-moved. The forward's packed input and hidden are fresh allocations each step, yet the
-allocator hands them the blocks the previous step freed, so in the engine's loop they keep
-their addresses; holding a hidden across the next forward of its bucket would move them
-(benchmarks/dispatch_probe.py, results/e2e_h200_session7/). Pinning both in donated buffers
-removed the re-records in that case but did not speed up the engine's steps, so it is not done.
+moved. The forward's packed input and hidden are fresh allocations each step; the engine drops
+a step's hidden before its next forward, so the allocator can hand the same blocks back, while
+a caller holding a hidden across the next forward of its bucket moves them (dispatch_probe.py's
+forward_held). Pinning both in donated buffers stopped the probe's re-records but did not speed
+up the engine's steps on the H200 (results/e2e_h200_session7/), so it is not done.
 """
 
 from __future__ import annotations
