@@ -163,30 +163,35 @@ class Linear(nnx.Module):
         if self.precision != "int8" or x.q2 is None or self.w_q2 is None or self.bias is not None:
             return None
         t = x.q.shape[0]
+        return self._w1_product(x).reshape(2 * t, *self.out), self._w2_product(x).reshape(
+            t, *self.out
+        )
+
+    def _w1_product(self, x: Quantized) -> jax.Array:
+        """x1 W1, stacked over x2 W1 when x has a second digit: (T or 2T, prod(out)). Both
+        digits go through one GEMM, so the weights are read once."""
         w_q = self.w_q[...].reshape(-1, self.in_dim)  # (prod(out), K)
-        q = jnp.concatenate([x.q, x.q2])  # (2T, K): both digits in one GEMM, W1 read once
-        y2 = ops.int8_gemm(q, jnp.concatenate([x.s, x.s2]), w_q, self.s_w[...].reshape(-1))
-        w_q2 = self.w_q2[...].reshape(-1, self.in_dim)
-        y_w2 = ops.int8_gemm(x.q, x.s, w_q2, self.s_w2[...].reshape(-1))
-        return y2.reshape(2 * t, *self.out), y_w2.reshape(t, *self.out)
+        s_w = self.s_w[...].reshape(-1)
+        q, s = x.q, x.s
+        if x.q2 is not None:
+            q, s = jnp.concatenate([x.q, x.q2]), jnp.concatenate([x.s, x.s2])  # (2T, K), (2T,)
+        return ops.int8_gemm(q, s, w_q, s_w, out_dtype=jnp.float32)
+
+    def _w2_product(self, x: Quantized) -> jax.Array:
+        """x1 W2, the two-digit weights' remainder matrix: (T, prod(out))."""
+        w_q2 = self.w_q2[...].reshape(-1, self.in_dim)  # (prod(out), K)
+        return ops.int8_gemm(x.q, x.s, w_q2, self.s_w2[...].reshape(-1), out_dtype=jnp.float32)
 
     def _int8(self, x: Quantized, t: int) -> jax.Array:
         """x1 W1 (+ x2 W1 when x has a second digit) (+ x1 W2 with two-digit weights), each an
         exact int32 GEMM with its own fp32 epilogue; x2 W2 is below fp32 rounding. A row's
         result never depends on the other rows, and the partial outputs add elementwise in a
         fixed order, so the sum is as batch-invariant as one GEMM."""
-        w_q = self.w_q[...].reshape(-1, self.in_dim)  # (prod(out), K)
-        s_w = self.s_w[...].reshape(-1)
-        if x.q2 is None:
-            y = ops.int8_gemm(x.q, x.s, w_q, s_w, out_dtype=jnp.float32)  # (T, prod(out))
-            small = None
-        else:  # both digits in one GEMM: the weights are read once
-            q = jnp.concatenate([x.q, x.q2])  # (2T, K)
-            y2 = ops.int8_gemm(q, jnp.concatenate([x.s, x.s2]), w_q, s_w, out_dtype=jnp.float32)
-            y, small = y2[:t], y2[t:]  # (T, prod(out)) each
+        y, small = self._w1_product(x), None  # (T, prod(out)), or (2T, prod(out)) stacked
+        if x.q2 is not None:
+            y, small = y[:t], y[t:]  # (T, prod(out)) each
         if self.w_q2 is not None:
-            w_q2 = self.w_q2[...].reshape(-1, self.in_dim)  # (prod(out), K)
-            y_w2 = ops.int8_gemm(x.q, x.s, w_q2, self.s_w2[...].reshape(-1), out_dtype=jnp.float32)
+            y_w2 = self._w2_product(x)
             small = y_w2 if small is None else small + y_w2
         return y if small is None else y + small
 
