@@ -22,8 +22,10 @@
 #                                 run's ceilings and XLA; $OUT/attention.jsonl, attention.md),
 #                                 extra arguments in ATTN_ARGS (e.g. "--dtypes f32"), interrupted
 #                                 after ATTN_TIMEOUT seconds (default 200)
-#   OPS_BENCH=1                   then run benchmarks/ops_bandwidth.py ($OUT/ops_bandwidth.jsonl),
-#                                 interrupted after OPS_TIMEOUT seconds (default 150)
+#   OPS_BENCH=1                   then run benchmarks/ops_bandwidth.py ($OUT/ops_bandwidth.jsonl,
+#                                 ops_bandwidth.md), extra arguments in OPS_ARGS (e.g.
+#                                 "--norm-kernels pipe"), interrupted after OPS_TIMEOUT seconds
+#                                 (default 150)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
@@ -110,8 +112,9 @@ fi
 ops_rc=0
 if [ "${OPS_BENCH:-0}" != 0 ]; then
   echo "## memory-bound ops bandwidth"
+  # shellcheck disable=SC2086 (OPS_ARGS is a list of arguments)
   timeout -s INT "${OPS_TIMEOUT:-150}" \
-    $PY benchmarks/ops_bandwidth.py --out "$OUT" 2>&1 | tee "$OUT/ops_bandwidth.log"
+    $PY benchmarks/ops_bandwidth.py --out "$OUT" ${OPS_ARGS:-} 2>&1 | tee "$OUT/ops_bandwidth.log"
   ops_rc=${PIPESTATUS[0]}
 fi
 echo "pytest rc=$test_rc report rc=$report_rc bench rc=$bench_rc e2e rc=$e2e_rc" \

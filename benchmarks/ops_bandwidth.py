@@ -1,13 +1,24 @@
 """Bandwidth of the memory-bound custom calls on the GPU against copy bandwidth, same run.
 
-    python3 benchmarks/ops_bandwidth.py --out DIR [--runs 10]
+    python3 benchmarks/ops_bandwidth.py --out DIR [--runs 10] [--ms 64,256,512,4096]
+        [--dtypes f32,bf16] [--norm-kernels reg1,reg2,reg4,reg8,block,pipe]
+        [--glu-caches off]
 
-rmsnorm_quant (D = 5376) and glu_quant (F = 21504, gelu_tanh) at M tokens, candidate_head
-(R rows x C = 16 candidates, gathered rows of a 262,208 x 5376 bf16 embedding) and
-vocab_logsumexp (the whole embedding streamed once per call). Bytes = every input read once plus
-every output written once; timed like gemm_bench.py (R calls per jitted run, each on its own
-inputs; median and min-max over --runs). Copy: XLA x_i + 1 over 1 GiB (own input per call),
-bytes read + written. Writes ops_bandwidth.jsonl under --out.
+The ops as the 27B model calls them (D = 5376, F = 21504, gelu_tanh), in the activation dtype
+of its INT8 path (f32; bf16 with --dtypes): rmsnorm_quant, add_rmsnorm_quant (residual add,
+norm, quantisation; writes h), rmsnorm (float out), glu_quant_pair (one digit), glu_quant2_pair
+and glu_quant2_sum (two digits: the latter reads the three partial products), at M tokens;
+candidate_head (R rows x C = 16 candidates gathered from a 262,208 x 5376 bf16 embedding) and
+vocab_logsumexp (the whole embedding once per call). --norm-kernels also times the RMSNorm
+kernels forced with PRISM_RMSNORM_KERNEL, and --glu-caches the gated activation with
+PRISM_GLU_CACHE (same bits, each a fresh executable), at the smallest and largest M.
+
+Bytes = every input read once plus every output written once. Each timed run is one jitted call
+applying the op R times, call i to its own inputs (XLA can neither merge nor deduplicate calls,
+and inputs are not re-read from L2), R sized for ~2 ms of device time; per-op time = run / R,
+median and min-max over --runs. Copy: XLA's x_i + 1 over 1 GiB of float32 (4-byte elements: an
+int8 x + 1 runs at a third of this, so it is no ceiling), bytes read + written. Writes
+ops_bandwidth.jsonl under --out; `--render FILE` prints its table.
 """
 
 from __future__ import annotations
@@ -15,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import pathlib
 import sys
 
@@ -22,119 +34,184 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from gemm_bench import copy_bandwidth, stats, time_jax  # noqa: E402
+from gemm_bench import stats, time_jax  # noqa: E402
 
 from prism_jax import ops  # noqa: E402
 
 D, F, V, C = 5376, 21504, 262_208, 16
 TARGET_RUN_S = 2e-3
+COPY_BYTES = 1 << 30
+BIG_INPUTS = 24 << 30  # inputs of one timed run at most: fewer calls when they would exceed it
+DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
+
+
+def repeated(fn, reps: int, tag: str):
+    """jit of reps applications of fn, call i on inputs i; the tag makes each forced kernel's
+    HLO (and so its executable and recorded command buffer) its own."""
+
+    def run(*inputs):
+        return [fn(*inputs[i]) for i in range(reps)], jnp.asarray(sum(map(ord, tag)), jnp.int32)
+
+    return jax.jit(run)
 
 
 def run_op(name, fn, make_inputs, in_bytes, out_bytes, emit, runs, **meta):
-    """make_inputs(i) -> the arrays of call i (every call its own, so XLA cannot deduplicate
-    calls and inputs are not re-read from L2); fn(*arrays) -> outputs."""
+    """make_inputs(i) -> the arrays of call i; fn(*arrays) -> outputs."""
     est = (in_bytes + out_bytes) / 3.5e12
     reps = int(min(max(8, math.ceil(TARGET_RUN_S / max(est, 1e-7))), 100))
-    inputs = [make_inputs(i) for i in range(reps)]
-    f = jax.jit(lambda *ins: [fn(*ins[i]) for i in range(reps)])
-    per_op = time_jax(f, tuple(inputs), reps, runs)
+    reps = max(2, min(reps, BIG_INPUTS // max(in_bytes, 1)))
+    inputs = tuple(make_inputs(i) for i in range(reps))
+    per_op = time_jax(repeated(fn, reps, f"{name}:{meta.pop('tag', '')}"), inputs, reps, runs)
     s = stats(per_op)
-    t = s["median_us"] * 1e-6
-    emit(
-        {
-            "op": name,
-            **meta,
-            "bytes": in_bytes + out_bytes,
-            **s,
-            "reps": reps,
-            "tbps": (in_bytes + out_bytes) / t / 1e12,
-        }
-    )
+    total = in_bytes + out_bytes
+    emit({"op": name, **meta, "bytes": total, **s, "reps": reps,
+          "tbps": total / (s["median_us"] * 1e-6) / 1e12})  # fmt: skip
+    del inputs
+
+
+def copy_bandwidth(emit, runs) -> float:
+    n = COPY_BYTES // 4
+    xs = tuple((jnp.full((n,), i + 3, jnp.float32),) for i in range(4))
+    per_op = time_jax(repeated(lambda x: x + 1.0, 4, "copy"), xs, 4, runs)
+    s = stats(per_op)
+    tbps = 2 * COPY_BYTES / (s["median_us"] * 1e-6) / 1e12
+    emit({"op": "xla_copy_f32", "bytes": 2 * COPY_BYTES, **s, "tbps": tbps})
+    return tbps
+
+
+def norm_ops(m: int, dt, emit, runs, normal, kernels: list[str]) -> None:
+    size = jnp.dtype(dt).itemsize
+    gamma = jnp.ones((D,), jnp.float32)
+    x_bytes, q_out = m * D * size, m * D + m * 4
+    for kernel in ["default", *kernels]:
+        os.environ.pop("PRISM_RMSNORM_KERNEL", None)
+        if kernel != "default":
+            os.environ["PRISM_RMSNORM_KERNEL"] = kernel
+        meta = {"M": m, "D": D, "dtype": jnp.dtype(dt).name, "kernel": kernel}
+        run_op("rmsnorm_quant", lambda x: ops.rmsnorm_quant(x, gamma, eps=1e-6),
+               lambda i: (normal(i, (m, D), dt),), x_bytes + D * 4, q_out, emit, runs,
+               tag=kernel, **meta)  # fmt: skip
+        run_op("add_rmsnorm_quant",
+               lambda x, r: ops.add_rmsnorm_quant(x, r, gamma, eps=1e-6, weight_offset=1.0),
+               lambda i: (normal(i, (m, D), dt), normal(i + 1000, (m, D), dt)),
+               2 * x_bytes + D * 4, x_bytes + q_out, emit, runs, tag=kernel, **meta)  # fmt: skip
+        if kernel == "default":
+            run_op("rmsnorm", lambda x: ops.rmsnorm(x, gamma, eps=1e-6, weight_offset=1.0),
+                   lambda i: (normal(i, (m, D), dt),), x_bytes + D * 4, x_bytes, emit, runs,
+                   **meta)  # fmt: skip
+    os.environ.pop("PRISM_RMSNORM_KERNEL", None)
+
+
+def glu_ops(m: int, dt, emit, runs, normal, caches: list[str]) -> None:
+    for cache in ["default", *caches]:
+        os.environ.pop("PRISM_GLU_CACHE", None)
+        if cache != "default":
+            os.environ["PRISM_GLU_CACHE"] = cache
+        glu_op_set(m, dt, emit, runs, normal, cache)
+    os.environ.pop("PRISM_GLU_CACHE", None)
+
+
+def glu_op_set(m: int, dt, emit, runs, normal, cache: str) -> None:
+    size = jnp.dtype(dt).itemsize
+    meta = {"M": m, "F": F, "dtype": jnp.dtype(dt).name, "kernel": f"cache {cache}", "tag": cache}
+    act = "gelu_tanh"
+    run_op("glu_quant_pair", lambda gu: ops.glu_quant_pair(gu, activation=act),
+           lambda i: (normal(i, (m, 2, F), dt),), m * 2 * F * size, m * F + m * 4, emit, runs,
+           **meta)  # fmt: skip
+    run_op("glu_quant2_pair", lambda gu: ops.glu_quant2_pair(gu, activation=act),
+           lambda i: (normal(i, (m, 2, F), dt),), m * 2 * F * size, 2 * (m * F + m * 4), emit,
+           runs, **meta)  # fmt: skip
+    if dt == jnp.float32:  # the partial products are float32 only
+        run_op("glu_quant2_sum", lambda y2, yw2: ops.glu_quant2_sum(y2, yw2, activation=act),
+               lambda i: (normal(i, (2 * m, 2, F), dt), normal(i + 1000, (m, 2, F), dt)),
+               3 * m * 2 * F * 4, 2 * (m * F + m * 4), emit, runs, **meta)  # fmt: skip
+
+
+def head_ops(rows: list[int], emit, runs, normal, key) -> None:
+    emb = normal(0, (V, D), jnp.bfloat16)  # the INT8 model's output embedding is bf16
+    for r in rows:
+        counts = jnp.full((r,), C, jnp.int32)
+
+        def inputs(i, r=r):  # fresh ids per call: the gathered rows must not stay in L2
+            ids = jax.random.randint(jax.random.fold_in(key, i), (r, C), 0, V, jnp.int32)
+            return normal(i, (r, D), jnp.float32), ids, emb  # emb an argument, not a constant
+
+        run_op("candidate_head", lambda h, ids, e, c=counts: ops.candidate_head(h, e, ids, c),
+               inputs, r * D * 4 + r * C * (D * 2 + 4), r * C * 8, emit, runs, R=r, C=C, V=V,
+               D=D)  # fmt: skip
+    run_op("vocab_logsumexp", lambda h, e: ops.vocab_logsumexp(h, e),
+           lambda i: (normal(i, (1, D), jnp.float32), emb), V * D * 2 + D * 4, 4, emit, runs,
+           R=1, V=V, D=D)  # fmt: skip
+
+
+def render(path: pathlib.Path) -> str:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    copy = next(r["tbps"] for r in rows if r["op"] == "xla_copy_f32")
+    out = [f"Copy ceiling (XLA f32 x + 1, read + written): {copy:.2f} TB/s.", "",
+           "| op | shape | dtype | kernel | µs median (min-max) | TB/s | % of copy |",
+           "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        if r["op"] == "xla_copy_f32":
+            continue
+        shape = f"M = {r['M']}" if "M" in r else f"R = {r['R']}"
+        out.append(
+            f"| {r['op']} | {shape} | {r.get('dtype', '')} | {r.get('kernel', '')} | "
+            f"{r['median_us']:.1f} ({r['min_us']:.1f}-{r['max_us']:.1f}) | {r['tbps']:.2f} | "
+            f"{100 * r['tbps'] / copy:.0f} % |"
+        )
+    return "\n".join(out) + "\n"
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="benchmarks/results/gemm_h200")
-    parser.add_argument("--runs", type=int, default=10)
-    args = parser.parse_args()
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="benchmarks/results/ops")
+    p.add_argument("--runs", type=int, default=10)
+    p.add_argument("--ms", default="64,256,512,4096")
+    p.add_argument("--rows", default="64,416,2048", help="candidate_head rows R")
+    p.add_argument("--dtypes", default="f32")
+    p.add_argument("--norm-kernels", default="", help="forced RMSNorm kernels, comma-separated")
+    p.add_argument("--glu-caches", default="", help="forced PRISM_GLU_CACHE settings (on, off)")
+    p.add_argument("--render", help="print the table of an ops_bandwidth.jsonl and exit")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (script check)")
+    args = p.parse_args()
+    if args.smoke:
+        global D, F, V, COPY_BYTES
+        D, F, V, COPY_BYTES = 512, 1024, 4096, 1 << 20
+    if args.render:
+        sys.stdout.write(render(pathlib.Path(args.render)))
+        return 0
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    sink = open(out / "ops_bandwidth.jsonl", "w")  # noqa: SIM115
-    gpu = jax.devices("gpu")[0]
+    path = out / "ops_bandwidth.jsonl"
+    sink = open(path, "w")  # noqa: SIM115
+    gpu = jax.devices("cpu" if args.smoke else "gpu")[0]
 
     def emit(row):
         row = {**row, "device": gpu.device_kind}
         print(json.dumps(row), flush=True)
         sink.write(json.dumps(row) + "\n")
+        sink.flush()
 
     key = jax.random.key(1)
 
-    def normal(i, shape, dtype=jnp.bfloat16):
-        return jax.random.normal(
-            jax.random.fold_in(key, hash((i, shape)) % 2**31), shape, jnp.float32
-        ).astype(dtype)
+    def normal(i, shape, dtype):
+        k = jax.random.fold_in(key, hash((i, shape)) % 2**31)
+        return jax.random.normal(k, shape, jnp.float32).astype(dtype)
 
+    ms = [int(m) for m in args.ms.split(",")]
+    kernels = [k for k in args.norm_kernels.split(",") if k]
+    caches = [c for c in args.glu_caches.split(",") if c]
     with jax.default_device(gpu):
         copy_bandwidth(emit, args.runs)
-        gamma = jnp.ones((D,), jnp.float32)
-        for m in (64, 416, 4096):
-            run_op(
-                "rmsnorm_quant",
-                lambda x: ops.rmsnorm_quant(x, gamma, eps=1e-6),
-                lambda i, m=m: (normal(i, (m, D)),),
-                m * D * 2 + D * 4,
-                m * D + m * 4,
-                emit,
-                args.runs,
-                M=m,
-                D=D,
-            )
-            run_op(  # the model's call: the gate/up projection's [M, 2, F] read in place
-                "glu_quant",
-                lambda gu: ops.glu_quant_pair(gu, activation="gelu_tanh"),
-                lambda i, m=m: (normal(i, (m, 2, F)),),
-                2 * m * F * 2,
-                m * F + m * 4,
-                emit,
-                args.runs,
-                M=m,
-                F=F,
-            )
-        emb = normal(0, (V, D))
-        for r in (64, 416):
-            counts = jnp.full((r,), C, jnp.int32)
-
-            def head_inputs(i, r=r):  # fresh ids per copy: the gathered rows must not stay in L2
-                ids = jax.random.randint(jax.random.fold_in(key, i), (r, C), 0, V, jnp.int32)
-                return normal(i, (r, D)), ids, emb  # emb an argument: not a 2.8 GB constant
-
-            run_op(
-                "candidate_head",
-                lambda h, ids, e, counts=counts: ops.candidate_head(h, e, ids, counts),
-                head_inputs,
-                r * D * 2 + r * C * (D * 2 + 4),
-                r * C * 8,
-                emit,
-                args.runs,
-                R=r,
-                C=C,
-                V=V,
-                D=D,
-            )
-        for r in (1, 64):
-            run_op(
-                "vocab_logsumexp",
-                lambda h, e: ops.vocab_logsumexp(h, e),
-                lambda i, r=r: (normal(i, (r, D)), emb),
-                V * D * 2 + r * D * 2,
-                r * 4,
-                emit,
-                args.runs,
-                R=r,
-                V=V,
-                D=D,
-            )
+        for name in args.dtypes.split(","):
+            for m in ms:
+                forced = kernels if m in (min(ms), max(ms)) else []
+                norm_ops(m, DTYPES[name], emit, args.runs, normal, forced)
+                glu_ops(m, DTYPES[name], emit, args.runs, normal, caches if forced else [])
+        head_ops([int(r) for r in args.rows.split(",")], emit, args.runs, normal, key)
     sink.close()
+    (out / "ops_bandwidth.md").write_text(render(path))
+    sys.stdout.write(render(path))
     return 0
 
 
