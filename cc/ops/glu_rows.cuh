@@ -149,6 +149,7 @@ __global__ void __launch_bounds__(kGluMaxThreads)
   float v[kVec];
   int8_t codes[kVec];
   float amax = 0.0f;
+#pragma unroll 2  // two chunks' loads in flight before either's activation
   for (int64_t i0 = first; i0 < end; i0 += stride) {
     const int cnt = ChunkCount(i0, end);
     src.Gated(r, act, i0, cnt, v);

@@ -30,8 +30,12 @@ namespace prism {
 constexpr int kPipeStages = 2;             // rows per warp in shared memory: one computed, one
                                            // in flight
 constexpr int kPipeMaxWarps = 4;           // warps per block
-constexpr int64_t kPipeSmem = 200 << 10;   // dynamic shared memory per block at most
-constexpr int64_t kPipeMinRows = 1024;     // fewer rows: a register kernel (see Launch)
+constexpr int64_t kPipeSmem = 220 << 10;   // dynamic shared memory per block at most (H200:
+                                           // 227 KB)
+// Rows from which the launcher takes this kernel unforced. Its first version (w read from
+// global memory in each pass) was slower than the register kernels at M = 4096 on the H200
+// (results/ops_h200_session8/), so until a measurement says otherwise it runs only when forced.
+constexpr int64_t kPipeMinRows = int64_t{1} << 40;
 
 // 16 bytes global -> shared, asynchronous (L2 only: a row is read once).
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
@@ -65,23 +69,23 @@ __device__ __forceinline__ void LoadStaged(const uint16_t* p, float (&v)[kVec]) 
   for (int i = 0; i < kVec; ++i) v[i] = c.Get(i);
 }
 
-// y = (h * inv) * (weight_offset + gamma) for the chunk at d0, h from the stage.
+// y = (h * inv) * w for the chunk at d0: h from the stage, w = weight_offset + gamma from the
+// block's copy (read from global memory in every pass, gamma's loads were the kernel's stalls:
+// L1 is what the stages leave of shared memory).
 template <typename T>
-__device__ __forceinline__ void PipeY(const NormArgs<T>& a, const T* hs, int64_t d0, float inv,
+__device__ __forceinline__ void PipeY(const T* hs, const float* ws, int64_t d0, float inv,
                                       float (&y)[kVec]) {
-  float g[kVec];
+  float w[kVec];
   LoadStaged(hs + d0, y);
-  LoadVec(a.gamma + d0, g);
+  LoadVec(ws + d0, w);
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) {
-    y[i] = __fmul_rn(__fmul_rn(y[i], inv), __fadd_rn(a.weight_offset, g[i]));
-  }
+  for (int i = 0; i < kVec; ++i) y[i] = __fmul_rn(__fmul_rn(y[i], inv), w[i]);
 }
 
 // One staged row r (xs: x, then rs: residual when there is one), by one warp.
 template <typename T>
 __device__ __forceinline__ void PipeRow(const NormArgs<T>& a, int64_t r, T* xs, const T* rs,
-                                        int lane) {
+                                        const float* ws, int lane) {
   const int64_t off = r * a.d;
   float acc = 0.0f;  // the lane's canonical partial
 #pragma unroll 3
@@ -104,7 +108,7 @@ __device__ __forceinline__ void PipeRow(const NormArgs<T>& a, int64_t r, T* xs, 
 #pragma unroll 3
   for (int64_t d0 = static_cast<int64_t>(lane) * kVec; d0 < a.d; d0 += kStride) {
     float y[kVec];
-    PipeY(a, xs, d0, inv, y);
+    PipeY(xs, ws, d0, inv, y);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) amax = fmaxf(amax, fabsf(y[i]));
     if (a.y != nullptr) StoreVec(a.y + off + d0, y);
@@ -115,7 +119,7 @@ __device__ __forceinline__ void PipeRow(const NormArgs<T>& a, int64_t r, T* xs, 
 #pragma unroll 3
   for (int64_t d0 = static_cast<int64_t>(lane) * kVec; d0 < a.d; d0 += kStride) {
     float y[kVec];
-    PipeY(a, xs, d0, inv, y);
+    PipeY(xs, ws, d0, inv, y);
     int8_t codes[kVec];
 #pragma unroll
     for (int i = 0; i < kVec; ++i) codes[i] = QuantCode(y[i], qinv);
@@ -133,12 +137,17 @@ __host__ __device__ __forceinline__ int64_t PipeStageElems(const NormArgs<T>& a)
 template <typename T>
 __global__ void __launch_bounds__(kPipeMaxWarps * kWarpSize)
     NormPipeRowsKernel(NormArgs<T> a, int64_t m) {
-  extern __shared__ float4 stage4[];  // [warps][kPipeStages][stage elems] of T
+  extern __shared__ float4 stage4[];  // w [D] f32, then [warps][kPipeStages][stage elems] of T
   const int warps = static_cast<int>(blockDim.x / kWarpSize);
   const int warp = static_cast<int>(threadIdx.x / kWarpSize);
   const int lane = static_cast<int>(threadIdx.x % kWarpSize);
   const int64_t stage = PipeStageElems(a);
-  T* mine = reinterpret_cast<T*>(stage4) + static_cast<int64_t>(warp) * kPipeStages * stage;
+  float* ws = reinterpret_cast<float*>(stage4);
+  for (int64_t d = threadIdx.x; d < a.d; d += blockDim.x) {
+    ws[d] = __fadd_rn(a.weight_offset, a.gamma[d]);  // NormChunk's second factor
+  }
+  __syncthreads();  // the only block barrier: warps are independent after it
+  T* mine = reinterpret_cast<T*>(ws + a.d) + static_cast<int64_t>(warp) * kPipeStages * stage;
   const int64_t step = static_cast<int64_t>(gridDim.x) * warps;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * warps + warp;
   auto issue = [&](int64_t r, int64_t i) {  // row r into stage i % kPipeStages, one group
@@ -157,7 +166,7 @@ __global__ void __launch_bounds__(kPipeMaxWarps * kWarpSize)
     CpAsyncWait<kPipeStages - 1>();  // row i's group has landed (this lane's copies)
     __syncwarp();                    // ... and every lane's
     T* s = mine + (i % kPipeStages) * stage;
-    PipeRow(a, r, s, a.residual != nullptr ? s + a.d : nullptr, lane);
+    PipeRow(a, r, s, a.residual != nullptr ? s + a.d : nullptr, ws, lane);
     __syncwarp();  // the stage is read out before an issue refills it
   }
   CpAsyncWait<0>();  // no copy outlives the kernel
@@ -168,15 +177,17 @@ __global__ void __launch_bounds__(kPipeMaxWarps * kWarpSize)
 template <typename T>
 bool PipeFits(const NormArgs<T>& a) {
   const int64_t warp_bytes = kPipeStages * PipeStageElems(a) * static_cast<int64_t>(sizeof(T));
-  return FullChunks(a) && warp_bytes <= kPipeSmem;
+  return FullChunks(a) && a.d * 4 + warp_bytes <= kPipeSmem;
 }
 
 // Persistent grid: as many blocks as fit on the device at once, none beyond the rows' need.
 template <typename T>
 ffi::Error LaunchPipeRows(cudaStream_t stream, int64_t m, const NormArgs<T>& a, const char* op) {
   const int64_t warp_bytes = kPipeStages * PipeStageElems(a) * static_cast<int64_t>(sizeof(T));
-  const int warps = static_cast<int>(std::min<int64_t>(kPipeMaxWarps, kPipeSmem / warp_bytes));
-  const size_t smem = static_cast<size_t>(warps * warp_bytes);
+  const int64_t w_bytes = a.d * static_cast<int64_t>(sizeof(float));
+  const int warps =
+      static_cast<int>(std::min<int64_t>(kPipeMaxWarps, (kPipeSmem - w_bytes) / warp_bytes));
+  const size_t smem = static_cast<size_t>(w_bytes + warps * warp_bytes);
   const auto kernel = NormPipeRowsKernel<T>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem));
