@@ -21,7 +21,6 @@
 #include "cc/cuda_common.cuh"
 #include "cc/numerics.h"
 #include "cc/ops/norm_args.cuh"
-#include "cc/ops/norm_pipe_rows.cuh"
 #include "cc/ops/norm_reg_rows.cuh"
 #include "cc/ops/norm_split_rows.cuh"
 
@@ -160,19 +159,16 @@ __global__ void __launch_bounds__(kStaged ? kMaxThreads : kStreamThreads)
 // PRISM_RMSNORM_KERNEL (tests and benchmarks compare the kernels bitwise): unset or empty
 // chooses by shape; "block" forces the one-block-per-row kernel for D > kStride (shorter rows
 // always take a register kernel); "reg1", "reg2", "reg4", "reg8" force the register kernels
-// with that many warps per row for D <= kMaxRegChunks * kStride; "pipe" forces the pipelined
-// kernel wherever it applies (PipeFits; elsewhere the choice by shape). Returns 0 for "by
-// shape", -1 for "block", -2 for "pipe", the warps otherwise; an unknown value is an error, so a
-// typo cannot silently test the default kernel.
-constexpr int kForcePipe = -2;
+// with that many warps per row for D <= kMaxRegChunks * kStride. Returns 0 for "by shape", -1
+// for "block", the warps otherwise; an unknown value is an error, so a typo cannot silently
+// test the default kernel.
 ffi::Error ForcedKernel(int* forced) {
   const char* env = std::getenv("PRISM_RMSNORM_KERNEL");
   const std::string name = env != nullptr ? env : "";
   static constexpr struct {
     const char* name;
     int forced;
-  } kChoices[] = {{"", 0}, {"block", -1}, {"reg1", 1}, {"reg2", 2}, {"reg4", 4}, {"reg8", 8},
-                      {"pipe", kForcePipe}};
+  } kChoices[] = {{"", 0}, {"block", -1}, {"reg1", 1}, {"reg2", 2}, {"reg4", 4}, {"reg8", 8}};
   for (const auto& choice : kChoices) {
     if (name == choice.name) {
       *forced = choice.forced;
@@ -180,7 +176,7 @@ ffi::Error ForcedKernel(int* forced) {
     }
   }
   return ffi::Error::InvalidArgument(
-      "PRISM_RMSNORM_KERNEL must be unset, block, reg1, reg2, reg4, reg8 or pipe; got " + name);
+      "PRISM_RMSNORM_KERNEL must be unset, block, reg1, reg2, reg4 or reg8; got " + name);
 }
 
 static_assert(kMaxRegChunks <= 2 * kMaxSplitChunks, "two warps must hold the longest register row");
@@ -192,11 +188,6 @@ ffi::Error Launch(cudaStream_t stream, int64_t m, const NormArgs<T>& a, const ch
   int forced = 0;
   if (auto e = ForcedKernel(&forced); e.failure()) return e;
   const unsigned grid = static_cast<unsigned>(m);
-  // Many rows stream through the pipelined kernel (rows of one warp each, copied ahead); a
-  // row's latency matters more than the stream when there are few.
-  const bool pipe = forced == kForcePipe || (forced == 0 && m >= kPipeMinRows);
-  if (pipe && PipeFits(a)) return LaunchPipeRows(stream, m, a, op);
-  if (forced == kForcePipe) forced = 0;
   if (a.d <= kStride || (a.d <= kMaxRegChunks * kStride && forced != -1)) {
     const int warps = forced > 0 ? forced : SplitWarps(m, a.d);
     if (warps == 1) {
