@@ -1,7 +1,7 @@
 """Bandwidth of the memory-bound custom calls on the GPU against copy bandwidth, same run.
 
     python3 benchmarks/ops_bandwidth.py --out DIR [--runs 10] [--ms 64,256,512,4096]
-        [--dtypes f32,bf16] [--norm-kernels reg1,reg2,reg4,reg8,block,pipe]
+        [--dtypes f32,bf16] [--norm-kernels reg2,reg4,reg8,lean4,lean8]
         [--glu-caches off]
 
 The ops as the 27B model calls them (D = 5376, F = 21504, gelu_tanh), in the activation dtype

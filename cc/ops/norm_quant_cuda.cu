@@ -159,16 +159,20 @@ __global__ void __launch_bounds__(kStaged ? kMaxThreads : kStreamThreads)
 // PRISM_RMSNORM_KERNEL (tests and benchmarks compare the kernels bitwise): unset or empty
 // chooses by shape; "block" forces the one-block-per-row kernel for D > kStride (shorter rows
 // always take a register kernel); "reg1", "reg2", "reg4", "reg8" force the register kernels
-// with that many warps per row for D <= kMaxRegChunks * kStride. Returns 0 for "by shape", -1
-// for "block", the warps otherwise; an unknown value is an error, so a typo cannot silently
-// test the default kernel.
+// with that many warps per row for D <= kMaxRegChunks * kStride, "lean2", "lean4", "lean8"
+// the split kernels' lean form (norm_split_rows.cuh). Returns 0 for "by shape", -1 for
+// "block", the warps otherwise (plus kForceLean for the lean form); an unknown value is an
+// error, so a typo cannot silently test the default kernel.
+constexpr int kForceLean = 100;
 ffi::Error ForcedKernel(int* forced) {
   const char* env = std::getenv("PRISM_RMSNORM_KERNEL");
   const std::string name = env != nullptr ? env : "";
   static constexpr struct {
     const char* name;
     int forced;
-  } kChoices[] = {{"", 0}, {"block", -1}, {"reg1", 1}, {"reg2", 2}, {"reg4", 4}, {"reg8", 8}};
+  } kChoices[] = {{"", 0}, {"block", -1}, {"reg1", 1}, {"reg2", 2}, {"reg4", 4}, {"reg8", 8},
+                      {"lean2", kForceLean + 2}, {"lean4", kForceLean + 4},
+                      {"lean8", kForceLean + 8}};
   for (const auto& choice : kChoices) {
     if (name == choice.name) {
       *forced = choice.forced;
@@ -176,7 +180,8 @@ ffi::Error ForcedKernel(int* forced) {
     }
   }
   return ffi::Error::InvalidArgument(
-      "PRISM_RMSNORM_KERNEL must be unset, block, reg1, reg2, reg4 or reg8; got " + name);
+      "PRISM_RMSNORM_KERNEL must be unset, block, reg1, reg2, reg4, reg8, lean2, lean4 or lean8; "
+      "got " + name);
 }
 
 static_assert(kMaxRegChunks <= 2 * kMaxSplitChunks, "two warps must hold the longest register row");
@@ -189,11 +194,12 @@ ffi::Error Launch(cudaStream_t stream, int64_t m, const NormArgs<T>& a, const ch
   if (auto e = ForcedKernel(&forced); e.failure()) return e;
   const unsigned grid = static_cast<unsigned>(m);
   if (a.d <= kStride || (a.d <= kMaxRegChunks * kStride && forced != -1)) {
-    const int warps = forced > 0 ? forced : SplitWarps(m, a.d);
+    const bool lean = forced > kForceLean || (forced == 0 && m >= kLeanRows);
+    const int warps = forced > 0 ? forced % kForceLean : SplitWarps(m, a.d);
     if (warps == 1) {
       LaunchRegRowsFor(stream, m, a);
     } else {  // d <= 21 chunks per lane over >= 2 warps: <= kMaxSplitChunks per warp
-      LaunchSplitRowsFor(stream, m, warps, a);
+      LaunchSplitRowsFor(stream, m, warps, lean, a);
     }
   } else if (a.d <= kMaxStagedD) {
     const int threads = RowBlockThreads(m, a.d);

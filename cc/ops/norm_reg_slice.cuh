@@ -136,6 +136,59 @@ struct RegSlice {
     }
   }
 
+  // LoadRow without the weights (NormSplitRowsKernel's lean form): only h stays in registers
+  // through the reduction, and NormalizeGamma reads gamma afterwards.
+  __device__ __forceinline__ void LoadRowLean(const NormArgs<T>& a, int64_t off) {
+    Load(a.x + off, h);
+    if (a.residual == nullptr) return;
+    RegChunk<T> rv[kChunks];
+    Load(a.residual + off, rv);
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) h[j].SetRounded(i, __fadd_rn(h[j].Get(i), rv[j].Get(i)));
+    }
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      float v[kVec];
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) v[i] = h[j].Get(i);
+      if (cnt[j] > 0) StoreSliceChunk<kFull>(a.h + off + at[j], cnt[j], v);
+    }
+  }
+
+  // The lean form's passes after the reduction: y = (h * inv) * w as Normalize, with w =
+  // weight_offset + gamma loaded chunk by chunk and y never held for the whole slice (the same
+  // operations, recomputed for the codes). YAmax stores y when y_row is not null and returns
+  // the slice's amax; CodesFromH writes the codes.
+  __device__ __forceinline__ float YAmax(const NormArgs<T>& a, float inv, T* y_row) const {
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      float y[kVec];
+      YOf(a, j, inv, y);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        if (i < cnt[j]) amax = fmaxf(amax, fabsf(y[i]));
+      }
+      if (y_row != nullptr && cnt[j] > 0) StoreSliceChunk<kFull>(y_row + at[j], cnt[j], y);
+    }
+    return amax;
+  }
+
+  __device__ __forceinline__ void CodesFromH(const NormArgs<T>& a, float inv, int8_t* q_row,
+                                             float qinv) const {
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      float y[kVec];
+      YOf(a, j, inv, y);
+      int8_t codes[kVec];
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) codes[i] = QuantCode(y[i], qinv);
+      if (cnt[j] > 0) prism::StoreCodes(q_row + at[j], cnt[j], codes);
+    }
+  }
+
   // acc plus the squares of the slice's elements, one at a time in increasing d: the
   // canonical partial continued over this slice (separate multiply and add, as the CPU).
   __device__ __forceinline__ float AddSquares(float acc) const {
@@ -188,16 +241,27 @@ struct RegSlice {
   __device__ __forceinline__ void LoadWeights(const NormArgs<T>& a,
                                               float (&w)[kChunks][kVec]) const {
 #pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      float g[kVec] = {};
-      if constexpr (kFull) {
-        LoadVec(a.gamma + at[j], g);
-      } else if (cnt[j] > 0) {
-        LoadChunk(a.gamma + at[j], cnt[j], g);
-      }
+    for (int j = 0; j < kChunks; ++j) LoadWeightsOf(a, j, w[j]);
+  }
+
+  __device__ __forceinline__ void YOf(const NormArgs<T>& a, int j, float inv,
+                                      float (&y)[kVec]) const {
+    float w[kVec];
+    LoadWeightsOf(a, j, w);
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) w[j][i] = __fadd_rn(a.weight_offset, g[i]);
+    for (int i = 0; i < kVec; ++i) y[i] = __fmul_rn(__fmul_rn(h[j].Get(i), inv), w[i]);
+  }
+
+  __device__ __forceinline__ void LoadWeightsOf(const NormArgs<T>& a, int j,
+                                                float (&w)[kVec]) const {
+    float g[kVec] = {};
+    if constexpr (kFull) {
+      LoadVec(a.gamma + at[j], g);
+    } else if (cnt[j] > 0) {
+      LoadChunk(a.gamma + at[j], cnt[j], g);
     }
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) w[i] = __fadd_rn(a.weight_offset, g[i]);
   }
 
   // Every present chunk of src's row into dst; absent ones +0 (kFull: the row's first chunk).

@@ -60,9 +60,19 @@ __device__ __forceinline__ float SplitRowMax(float amax, int warp, int warps) {
   return amax;
 }
 
+// The lean form for many rows: gamma is read after the reduction instead of held in
+// registers through it, and the compiler is held to kLeanBlocks blocks of kMaxSplit warps' worth
+// of registers per SM. With gamma preloaded, 4 warps per row took 190 registers a thread at
+// D = 5376 f32: two rows per SM, so at M = 4096 the kernel waited on one row's latency after
+// another at ~1.3 TB/s (results/ops_h200_session8/). Few rows keep the preload: there a row's
+// latency, not the rows in flight, sets the time.
+constexpr int kLeanBlocks = 3;
+constexpr int64_t kLeanRows = 1024;  // rows from which the launcher takes the lean form
+
 // One block per row (blockIdx.x), blockDim.x / kWarpSize warps. kChunks >= each warp's share.
-template <typename T, int kChunks, bool kFull>
-__global__ void __launch_bounds__(kMaxSplit * kWarpSize) NormSplitRowsKernel(NormArgs<T> a) {
+template <typename T, int kChunks, bool kFull, bool kLean>
+__global__ void __launch_bounds__(kMaxSplit * kWarpSize, kLean ? kLeanBlocks : 1)
+    NormSplitRowsKernel(NormArgs<T> a) {
   const int warps = static_cast<int>(blockDim.x / kWarpSize);
   const int warp = static_cast<int>(threadIdx.x / kWarpSize);
   const int lane = static_cast<int>(threadIdx.x % kWarpSize);
@@ -70,6 +80,16 @@ __global__ void __launch_bounds__(kMaxSplit * kWarpSize) NormSplitRowsKernel(Nor
   const int chunks = static_cast<int>((a.d + kStride - 1) / kStride);  // per lane, whole row
   RegSlice<T, kChunks, kFull> s;
   s.Locate(a.d, lane, warp * chunks / warps, (warp + 1) * chunks / warps);
+  if constexpr (kLean) {
+    s.LoadRowLean(a, off);
+    const float inv = ChainedInverseRms(s, a, warp, warps, lane);
+    const float amax = s.YAmax(a, inv, a.y != nullptr ? a.y + off : nullptr);
+    if (a.q == nullptr) return;  // uniform over the block: every warp skips the barrier below
+    const float row_max = SplitRowMax(amax, warp, warps);
+    s.CodesFromH(a, inv, a.q + off, QuantInverse(row_max));
+    if (threadIdx.x == 0) a.s[blockIdx.x] = QuantScale(row_max);
+    return;
+  }
   float w[kChunks][kVec];  // gamma's, loaded with x: not a round trip after the reduction
   s.LoadRow(a, off, w);
   const float inv = ChainedInverseRms(s, a, warp, warps, lane);
@@ -97,24 +117,32 @@ inline int SplitWarps(int64_t m, int64_t d) {
   return warps;
 }
 
-template <typename T, int kChunks>
+template <typename T, int kChunks, bool kLean>
 void LaunchSplitRows(cudaStream_t stream, int64_t m, int warps, const NormArgs<T>& a) {
   const unsigned grid = static_cast<unsigned>(m);
   if (FullChunks(a)) {
-    NormSplitRowsKernel<T, kChunks, true><<<grid, warps * kWarpSize, 0, stream>>>(a);
+    NormSplitRowsKernel<T, kChunks, true, kLean><<<grid, warps * kWarpSize, 0, stream>>>(a);
   } else {
-    NormSplitRowsKernel<T, kChunks, false><<<grid, warps * kWarpSize, 0, stream>>>(a);
+    NormSplitRowsKernel<T, kChunks, false, kLean><<<grid, warps * kWarpSize, 0, stream>>>(a);
   }
+}
+
+template <typename T, int kChunks>
+void LaunchSplitRows(cudaStream_t stream, int64_t m, int warps, bool lean,
+                     const NormArgs<T>& a) {
+  if (lean) return LaunchSplitRows<T, kChunks, true>(stream, m, warps, a);
+  LaunchSplitRows<T, kChunks, false>(stream, m, warps, a);
 }
 
 // The smallest instantiated chunk count holding each warp's share of a row of d; the caller
 // guarantees CeilDiv(CeilDiv(d, kStride), warps) <= kMaxSplitChunks.
 template <typename T>
-void LaunchSplitRowsFor(cudaStream_t stream, int64_t m, int warps, const NormArgs<T>& a) {
+void LaunchSplitRowsFor(cudaStream_t stream, int64_t m, int warps, bool lean,
+                        const NormArgs<T>& a) {
   const int64_t per_warp = CeilDiv(CeilDiv(a.d, kStride), warps);
-  if (per_warp <= 3) return LaunchSplitRows<T, 3>(stream, m, warps, a);
-  if (per_warp <= 6) return LaunchSplitRows<T, 6>(stream, m, warps, a);
-  return LaunchSplitRows<T, kMaxSplitChunks>(stream, m, warps, a);
+  if (per_warp <= 3) return LaunchSplitRows<T, 3>(stream, m, warps, lean, a);
+  if (per_warp <= 6) return LaunchSplitRows<T, 6>(stream, m, warps, lean, a);
+  return LaunchSplitRows<T, kMaxSplitChunks>(stream, m, warps, lean, a);
 }
 
 }  // namespace prism
