@@ -16,6 +16,7 @@ TARGETS = {
     "prism_glu_quant",
     "prism_glu_quant2",
     "prism_glu_quant2_sum",
+    "prism_quantize_rows",
     "prism_candidate_head",
     "prism_vocab_logsumexp",
     "prism_tree_attention",

@@ -2,7 +2,8 @@
 //   prism_glu_quant   gate_up [M, 2F] f32|bf16 -> a_q s8 [M, F], s_a f32 [M]
 //   prism_glu_quant2  gate_up [M, 2F] f32|bf16 -> q1 s8 [M, F], s1 f32 [M], q2 s8, s2 f32 (same)
 //   prism_glu_quant2_sum  y2 [2M, 2F] f32, yw2 [M, 2F] f32 -> glu_quant2 of
-//                     gate_up = y2[:M] + (y2[M:] + yw2) (two-digit projection partials)
+//                     gate_up = y2[:M] + (y2[M:] + yw2) (two-digit projection partials), its
+//                     digits stacked: q s8 [2M, F] (q1's rows, then q2's), s f32 [2M]
 // Row r of gate_up is gate (its first F elements) then up: the fused gate/up projection's own
 // layout [M, 2, F], so neither half is ever copied out by XLA. a = Activate(gate) * up.
 // glu_quant2's (q1, s1) is prism_glu_quant's result, bit for bit; the
@@ -43,7 +44,8 @@ inline ffi::Error CheckGluArgs(const std::string& op, const ffi::AnyBuffer& gate
 }
 
 inline ffi::Error CheckGluSumArgs(ffi::AnyBuffer::Dimensions y2,
-                                  ffi::AnyBuffer::Dimensions yw2, int32_t activation) {
+                                  ffi::AnyBuffer::Dimensions yw2, ffi::AnyBuffer::Dimensions q,
+                                  ffi::AnyBuffer::Dimensions s, int32_t activation) {
   PRISM_REQUIRE(yw2.size() == 2 && yw2[1] % 2 == 0,
                 "prism_glu_quant2_sum: yw2 must be [M, 2F] (each row: gate, then up)");
   PRISM_REQUIRE(y2.size() == 2 && y2[0] == 2 * yw2[0] && y2[1] == yw2[1],
@@ -51,6 +53,9 @@ inline ffi::Error CheckGluSumArgs(ffi::AnyBuffer::Dimensions y2,
                     DimsToString(y2) + " and " + DimsToString(yw2));
   PRISM_REQUIRE(activation == 0 || activation == 1,
                 "prism_glu_quant2_sum: activation must be 0 (gelu_tanh) or 1 (silu)");
+  PRISM_REQUIRE(q.size() == 2 && q[0] == 2 * yw2[0] && 2 * q[1] == yw2[1] && s.size() == 1 &&
+                    s[0] == 2 * yw2[0],
+                "prism_glu_quant2_sum: q must be [2M, F] and s [2M] for yw2 " + DimsToString(yw2));
   return ffi::Error::Success();
 }
 

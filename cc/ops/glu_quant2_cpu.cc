@@ -3,7 +3,8 @@
 // Each row is one pass of Activate (a kept in a row buffer, then overwritten by the remainder);
 // rows are spread over XLA's thread pool, and a row's bits never depend on which thread ran it.
 // prism_glu_quant2_sum first adds the row's partial products, gate_up = y2[r] + (y2[M + r] +
-// yw2[r]) in f32 (the model's order, Int8Linear), then does the same.
+// yw2[r]) in f32 (the model's order, Int8Linear), then does the same; its digits come out
+// stacked, q [2M, F] and s [2M] (q2's rows after q1's).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -79,15 +80,17 @@ void GluRows2Sum(ffi::ThreadPool& pool, const float* y2, const float* yw2, int64
 }
 
 ffi::Error GluQuant2SumCpu(ffi::ThreadPool pool, ffi::BufferR2<ffi::F32> y2,
-                           ffi::BufferR2<ffi::F32> yw2, ffi::Result<ffi::BufferR2<ffi::S8>> q1,
-                           ffi::Result<ffi::BufferR1<ffi::F32>> s1,
-                           ffi::Result<ffi::BufferR2<ffi::S8>> q2,
-                           ffi::Result<ffi::BufferR1<ffi::F32>> s2, int32_t activation) {
-  if (ffi::Error e = CheckGluSumArgs(y2.dimensions(), yw2.dimensions(), activation); e.failure()) {
+                           ffi::BufferR2<ffi::F32> yw2, ffi::Result<ffi::BufferR2<ffi::S8>> q,
+                           ffi::Result<ffi::BufferR1<ffi::F32>> s, int32_t activation) {
+  if (ffi::Error e = CheckGluSumArgs(y2.dimensions(), yw2.dimensions(), q->dimensions(),
+                                     s->dimensions(), activation);
+      e.failure()) {
     return e;
   }
   const int64_t m = yw2.dimensions()[0], f = yw2.dimensions()[1] / 2;
-  const Digits out{q1->typed_data(), s1->typed_data(), q2->typed_data(), s2->typed_data()};
+  int8_t* codes = q->typed_data();
+  float* scales = s->typed_data();
+  const Digits out{codes, scales, codes + m * f, scales + m};  // the digits stacked
   GluRows2Sum(pool, y2.typed_data(), yw2.typed_data(), m, f, static_cast<Activation>(activation),
               out);
   return ffi::Error::Success();
@@ -132,8 +135,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismGluQuant2SumCpu, prism::GluQuant2SumCpu,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::BufferR2<ffi::F32>>()  // y2 [2M, 2F]
                                   .Arg<ffi::BufferR2<ffi::F32>>()  // yw2 [M, 2F]
-                                  .Ret<ffi::BufferR2<ffi::S8>>()   // q1 [M, F]
-                                  .Ret<ffi::BufferR1<ffi::F32>>()  // s1 [M]
-                                  .Ret<ffi::BufferR2<ffi::S8>>()   // q2 [M, F]
-                                  .Ret<ffi::BufferR1<ffi::F32>>()  // s2 [M]
+                                  .Ret<ffi::BufferR2<ffi::S8>>()   // q [2M, F]: q1, then q2
+                                  .Ret<ffi::BufferR1<ffi::F32>>()  // s [2M]: s1, then s2
                                   .Attr<int32_t>("activation"));

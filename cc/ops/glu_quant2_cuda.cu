@@ -2,7 +2,9 @@
 //   gate_up [M, 2F] f32|bf16 -> q1 s8 [M, F], s1 f32 [M], q2 s8 [M, F], s2 f32 [M].
 // prism_glu_quant2_sum: the same digits of gate_up = y2[r] + (y2[M + r] + yw2[r]), the two-digit
 // projection's partial products (Int8Linear: x1 W1, x2 W1, x1 W2), added in the kernel in the
-// model's order instead of by an XLA pass that writes gate_up out and reads it back.
+// model's order instead of by an XLA pass that writes gate_up out and reads it back; the digits
+// come out stacked, q [2M, F] and s [2M] (q2's rows after q1's), as the down projection's
+// two-digit GEMM takes them, so XLA does not concatenate them.
 // Both are GluRowsKernel (glu_rows.cuh) with two digits: pass 1 takes the row's amax, pass 2
 // writes q1 and takes the remainder's max, pass 3 writes q2; both maxima are exact in any
 // order, so the result depends only on the row, never on the block width. The row stays in
@@ -19,17 +21,18 @@ namespace prism {
 namespace {
 
 ffi::Error GluQuant2SumCuda(cudaStream_t stream, ffi::BufferR2<ffi::F32> y2,
-                            ffi::BufferR2<ffi::F32> yw2,
-                            ffi::Result<ffi::BufferR2<ffi::S8>> q1,
-                            ffi::Result<ffi::BufferR1<ffi::F32>> s1,
-                            ffi::Result<ffi::BufferR2<ffi::S8>> q2,
-                            ffi::Result<ffi::BufferR1<ffi::F32>> s2, int32_t activation) {
-  if (ffi::Error e = CheckGluSumArgs(y2.dimensions(), yw2.dimensions(), activation); e.failure()) {
+                            ffi::BufferR2<ffi::F32> yw2, ffi::Result<ffi::BufferR2<ffi::S8>> q,
+                            ffi::Result<ffi::BufferR1<ffi::F32>> s, int32_t activation) {
+  if (ffi::Error e = CheckGluSumArgs(y2.dimensions(), yw2.dimensions(), q->dimensions(),
+                                     s->dimensions(), activation);
+      e.failure()) {
     return e;
   }
   const int64_t m = yw2.dimensions()[0], f = yw2.dimensions()[1] / 2;
   const SumRows src{y2.typed_data(), yw2.typed_data(), m, f};
-  const GluOut out{q1->typed_data(), s1->typed_data(), q2->typed_data(), s2->typed_data()};
+  int8_t* codes = q->typed_data();
+  float* scales = s->typed_data();
+  const GluOut out{codes, scales, codes + m * f, scales + m};  // the digits stacked
   return GluRowsLaunch<SumRows, true>(stream, src, out, static_cast<Activation>(activation),
                                       "prism_glu_quant2_sum");
 }
@@ -79,9 +82,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismGluQuant2SumCuda, prism::GluQuant2SumCuda,
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::BufferR2<ffi::F32>>()  // y2 [2M, 2F]
                                   .Arg<ffi::BufferR2<ffi::F32>>()  // yw2 [M, 2F]
-                                  .Ret<ffi::BufferR2<ffi::S8>>()   // q1 [M, F]
-                                  .Ret<ffi::BufferR1<ffi::F32>>()  // s1 [M]
-                                  .Ret<ffi::BufferR2<ffi::S8>>()   // q2 [M, F]
-                                  .Ret<ffi::BufferR1<ffi::F32>>()  // s2 [M]
+                                  .Ret<ffi::BufferR2<ffi::S8>>()   // q [2M, F]: q1, then q2
+                                  .Ret<ffi::BufferR1<ffi::F32>>()  // s [2M]: s1, then s2
                                   .Attr<int32_t>("activation"),
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -1,8 +1,9 @@
-// The gated activation's row kernel on CUDA, shared by prism_glu_quant, prism_glu_quant2 and
-// prism_glu_quant2_sum (one block per row; thread t holds the kVec-element chunks first + k *
-// stride of the row). All three compute a = Activate(gate) * up with GatedChunk, so glu_quant's
-// codes and glu_quant2's first digit have the same bits; they differ only in where a row's gate
-// and up come from (a row source) and in whether a second digit follows.
+// The row-quantisation kernel on CUDA, shared by prism_glu_quant, prism_glu_quant2,
+// prism_glu_quant2_sum and prism_quantize_rows (one block per row; thread t holds the
+// kVec-element chunks first + k * stride of the row). A row source gives the values a to
+// quantise: the gated activations compute a = Activate(gate) * up with GatedChunk, so
+// glu_quant's codes and glu_quant2's first digit have the same bits; PlainRows reads a as it
+// is. They differ only in that source and in whether a second digit follows.
 //
 // Passes, each over the thread's own chunks: 1. a and the row's amax (exact in any order, so
 // the block width never matters); 2. the codes (two digits: the first digit, then the
@@ -78,6 +79,16 @@ struct SumRows {
     Sum(x1 + f, x2 + f, w2 + f, i0, cnt, u);  // up
 #pragma unroll
     for (int i = 0; i < kVec; ++i) v[i] = __fmul_rn(Activate(act, v[i]), u[i]);
+  }
+};
+
+// Row source of quantize_rows: the rows themselves, f32 [M, D] (f == D; act unused).
+struct PlainRows {
+  const float* __restrict__ y;
+  int64_t m, f;
+  __device__ __forceinline__ void Gated(int64_t r, Activation, int64_t i0, int cnt,
+                                        float (&v)[kVec]) const {
+    LoadChunk(y + r * f + i0, cnt, v);
   }
 };
 

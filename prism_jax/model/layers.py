@@ -228,13 +228,14 @@ class RMSNorm(nnx.Module):
 
         int8 fuses the residual add, the norm and the row quantisation in one custom call;
         two_digit (int8 only) normalises in the float custom call instead and quantises the
-        row and its remainder (Quantized.with_remainder) elementwise.
+        row and its remainder in a second one (ops.quantize_digits: the digits stacked as the
+        two-digit GEMM takes them).
         """
         if self.precision == "int8" and two_digit:
             if delta is not None:
                 h = (delta.astype(jnp.float32) + h.astype(jnp.float32)).astype(h.dtype)
             y = self(h)  # (T, D) fp32, ops.rmsnorm
-            return Quantized(*ops.quantize_rows(y)).with_remainder(y), h
+            return Quantized(*ops.quantize_digits(y.astype(jnp.float32), digits=2)), h
         if self.precision == "int8":
             g = self.gamma[...]
             if delta is None:

@@ -82,8 +82,9 @@ class Attention(nnx.Module):
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
         a = attention(self.layer, q, k, v)  # (T, N*H)
         if self.precision == "int8":
-            aq = Quantized(*ops.quantize_rows(a))
-            return self.o(aq.with_remainder(a) if "o" in c.int8_two_digit_rows else aq)  # (T, D)
+            digits = 2 if "o" in c.int8_two_digit_rows else 1
+            aq = Quantized(*ops.quantize_digits(a.astype(jnp.float32), digits=digits))
+            return self.o(aq)  # (T, D)
         return self.o(a)  # (T, D)
 
 

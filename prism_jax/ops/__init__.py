@@ -22,6 +22,7 @@ from prism_jax.ops.quantize import (
     quantize_rows,
     quantize_weight,
 )
+from prism_jax.ops.quantize_digits import quantize_digits
 from prism_jax.ops.rmsnorm_quant import add_rmsnorm_quant, rmsnorm, rmsnorm_quant
 from prism_jax.ops.tree_attention import pack_chains, tree_attention
 
@@ -39,6 +40,7 @@ __all__ = [
     "glu_quant_pair",
     "int8_gemm",
     "pack_chains",
+    "quantize_digits",
     "quantize_remainder",
     "quantize_rows",
     "quantize_weight",

@@ -191,16 +191,18 @@ def glu_quant2_sum(y2, y_w2, *, activation: str, impl: Impl | None = None):
       activation: "gelu_tanh" or "silu".
 
     Returns:
-      (q1 int8 [M, F], s1 float32 [M], q2 int8 [M, F], s2 float32 [M]).
+      (q1 int8 [M, F], s1 float32 [M], q2 int8 [M, F], s2 float32 [M]). The custom call
+      writes them stacked ([2M, F] codes, [2M] scales) and these are its halves: the two-digit
+      GEMM that concatenates them again gets the custom call's buffer itself (XLA folds a
+      concatenate of adjacent slices), not a copy.
     """
     _check_sum(y2, y_w2, activation)
     if resolve_impl(impl) == "reference":
         return glu_quant2_sum_reference(y2, y_w2, activation)
     require_target("prism_glu_quant2_sum")
     m, f = y_w2.shape[0], y_w2.shape[-1]
-    codes = jax.ShapeDtypeStruct((m, f), jnp.int8)
-    scales = jax.ShapeDtypeStruct((m,), jnp.float32)
-    call = jax.ffi.ffi_call(
-        "prism_glu_quant2_sum", (codes, scales, codes, scales), vmap_method="sequential"
-    )
-    return call(_rows(y2), _rows(y_w2), activation=np.int32(ACTIVATIONS[activation]))
+    codes = jax.ShapeDtypeStruct((2 * m, f), jnp.int8)
+    scales = jax.ShapeDtypeStruct((2 * m,), jnp.float32)
+    call = jax.ffi.ffi_call("prism_glu_quant2_sum", (codes, scales), vmap_method="sequential")
+    q, s = call(_rows(y2), _rows(y_w2), activation=np.int32(ACTIVATIONS[activation]))
+    return q[:m], s[:m], q[m:], s[m:]

@@ -73,10 +73,13 @@ def test_handler_rejects_bad_shapes_directly():
     call = jax.ffi.ffi_call("prism_int8_gemm", outs)
     with pytest.raises(Exception, match="w_q must be \\[N, K\\]"):
         jax.block_until_ready(call(i8(4, 8), f32(4), i8(3, 9), f32(3)))
-    codes, scales = jax.ShapeDtypeStruct((2, 8), jnp.int8), jax.ShapeDtypeStruct((2,), jnp.float32)
-    call = jax.ffi.ffi_call("prism_glu_quant2_sum", (codes, scales, codes, scales))
+    codes, scales = jax.ShapeDtypeStruct((4, 8), jnp.int8), jax.ShapeDtypeStruct((4,), jnp.float32)
+    call = jax.ffi.ffi_call("prism_glu_quant2_sum", (codes, scales))
     with pytest.raises(Exception, match="y2 must be \\[2M, 2F\\]"):
         jax.block_until_ready(call(f32(2, 16), f32(2, 16), activation=np.int32(1)))
+    call = jax.ffi.ffi_call("prism_quantize_rows", (codes, scales))  # [2M, D] for one digit
+    with pytest.raises(Exception, match="q must be \\[digits \\* M, D\\]"):
+        jax.block_until_ready(call(f32(2, 8), digits=np.int32(1)))
 
 
 def test_impl_scope_does_not_nest():
