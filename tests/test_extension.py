@@ -13,6 +13,7 @@ TARGETS = {
     "prism_rmsnorm",
     "prism_rmsnorm_quant",
     "prism_add_rmsnorm_quant",
+    "prism_add_rmsnorm",
     "prism_glu_quant",
     "prism_glu_quant2",
     "prism_glu_quant2_sum",

@@ -2,6 +2,7 @@
 //   prism_rmsnorm            x [M, D], gamma [D]            -> y [M, D] (x's dtype)
 //   prism_rmsnorm_quant      x [M, D], gamma [D]            -> x_q s8 [M, D], s_x f32 [M]
 //   prism_add_rmsnorm_quant  x, residual [M, D], gamma [D]  -> x_q, s_x, h = x + residual
+//   prism_add_rmsnorm        x, residual [M, D], gamma [D]  -> y, h = x + residual
 // y = (h * inverse_rms) * (weight_offset + gamma); weight_offset is 1 for Gemma's (1 + γ).
 #include <algorithm>
 #include <cmath>
@@ -128,10 +129,43 @@ ffi::Error AddRmsNormQuantCpu(ffi::AnyBuffer x, ffi::AnyBuffer residual,
   return ffi::Error::Success();
 }
 
+ffi::Error AddRmsNormCpu(ffi::AnyBuffer x, ffi::AnyBuffer residual,
+                         ffi::BufferR1<ffi::F32> gamma, ffi::Result<ffi::AnyBuffer> y,
+                         ffi::Result<ffi::AnyBuffer> h, float eps, float weight_offset) {
+  if (auto e = CheckRows(x, gamma, "prism_add_rmsnorm"); e.failure()) return e;
+  PRISM_REQUIRE(residual.element_type() == x.element_type() &&
+                    residual.element_count() == x.element_count(),
+                "prism_add_rmsnorm: residual must match x in shape and dtype");
+  PRISM_REQUIRE(y->element_type() == x.element_type() && h->element_type() == x.element_type(),
+                "prism_add_rmsnorm: y and h must have x's dtype");
+  const int64_t m = x.dimensions()[0], d = x.dimensions()[1];
+  const NormAttrs a{eps, weight_offset};
+  if (x.element_type() == ffi::DataType::F32) {
+    NormRows<float>(Data<float>(x), Data<float>(residual), gamma.typed_data(), m, d, a,
+                    h->reinterpret_data<float>(), y->reinterpret_data<float>(), nullptr,
+                    nullptr);
+  } else {
+    NormRows<uint16_t>(Data<uint16_t>(x), Data<uint16_t>(residual), gamma.typed_data(), m, d,
+                       a, h->reinterpret_data<uint16_t>(), y->reinterpret_data<uint16_t>(),
+                       nullptr, nullptr);
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace prism
 
 namespace ffi = xla::ffi;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismAddRmsNormCpu, prism::AddRmsNormCpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()              // x [M, D] f32|bf16
+                                  .Arg<ffi::AnyBuffer>()              // residual [M, D]
+                                  .Arg<ffi::BufferR1<ffi::F32>>()    // gamma [D]
+                                  .Ret<ffi::AnyBuffer>()              // y [M, D] x's dtype
+                                  .Ret<ffi::AnyBuffer>()              // h = x + residual
+                                  .Attr<float>("eps")
+                                  .Attr<float>("weight_offset"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismRmsNormCpu, prism::RmsNormCpu,
                               ffi::Ffi::Bind()

@@ -3,6 +3,7 @@
 //   prism_rmsnorm            x [M, D], gamma [D]            -> y [M, D] (x's dtype)
 //   prism_rmsnorm_quant      x [M, D], gamma [D]            -> x_q s8 [M, D], s_x f32 [M]
 //   prism_add_rmsnorm_quant  x, residual [M, D], gamma [D]  -> x_q, s_x, h = x + residual
+//   prism_add_rmsnorm        x, residual [M, D], gamma [D]  -> y, h = x + residual
 // Rows of D <= kMaxRegChunks * kStride (5376 included) are held in registers: one warp per row
 // (NormRegRowsKernel, norm_reg_rows.cuh) or W warps per row (NormSplitRowsKernel,
 // norm_split_rows.cuh), W chosen by M and D (SplitWarps). Longer rows (or
@@ -280,10 +281,35 @@ ffi::Error AddRmsNormQuantCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBu
              s_x->typed_data(), eps, weight_offset, "prism_add_rmsnorm_quant");
 }
 
+ffi::Error AddRmsNormCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer residual,
+                          ffi::BufferR1<ffi::F32> gamma, ffi::Result<ffi::AnyBuffer> y,
+                          ffi::Result<ffi::AnyBuffer> h, float eps, float weight_offset) {
+  if (auto e = CheckRows(x, gamma, "prism_add_rmsnorm"); e.failure()) return e;
+  PRISM_REQUIRE(residual.element_type() == x.element_type() &&
+                    residual.element_count() == x.element_count(),
+                "prism_add_rmsnorm: residual must match x in shape and dtype");
+  PRISM_REQUIRE(y->element_type() == x.element_type() && h->element_type() == x.element_type(),
+                "prism_add_rmsnorm: y and h must have x's dtype");
+  return Run(stream, x, &residual, gamma, h->untyped_data(), y->untyped_data(), nullptr, nullptr,
+             eps, weight_offset, "prism_add_rmsnorm");
+}
+
 }  // namespace
 }  // namespace prism
 
 namespace ffi = xla::ffi;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismAddRmsNormCuda, prism::AddRmsNormCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()              // x [M, D] f32|bf16
+                                  .Arg<ffi::AnyBuffer>()              // residual [M, D]
+                                  .Arg<ffi::BufferR1<ffi::F32>>()    // gamma [D]
+                                  .Ret<ffi::AnyBuffer>()              // y [M, D] x's dtype
+                                  .Ret<ffi::AnyBuffer>()              // h = x + residual
+                                  .Attr<float>("eps")
+                                  .Attr<float>("weight_offset"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismRmsNormCuda, prism::RmsNormCuda,
                               ffi::Ffi::Bind()

@@ -227,14 +227,16 @@ class RMSNorm(nnx.Module):
         """h += delta, then normalise h for a projection -> (projection input, new h).
 
         int8 fuses the residual add, the norm and the row quantisation in one custom call;
-        two_digit (int8 only) normalises in the float custom call instead and quantises the
-        row and its remainder in a second one (ops.quantize_digits: the digits stacked as the
-        two-digit GEMM takes them).
+        two_digit (int8 only) adds and normalises in the float custom call instead
+        (ops.add_rmsnorm) and quantises the row and its remainder in a second one
+        (ops.quantize_digits: the digits stacked as the two-digit GEMM takes them).
         """
         if self.precision == "int8" and two_digit:
-            if delta is not None:
-                h = (delta.astype(jnp.float32) + h.astype(jnp.float32)).astype(h.dtype)
-            y = self(h)  # (T, D) fp32, ops.rmsnorm
+            if delta is None:
+                y = self(h)  # (T, D) fp32, ops.rmsnorm
+            else:  # h + delta and the norm in one custom call
+                g = self.gamma[...]
+                y, h = ops.add_rmsnorm(delta, h, g, eps=self.eps, weight_offset=self.offset)
             return Quantized(*ops.quantize_digits(y.astype(jnp.float32), digits=2)), h
         if self.precision == "int8":
             g = self.gamma[...]

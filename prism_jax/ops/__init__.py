@@ -23,12 +23,13 @@ from prism_jax.ops.quantize import (
     quantize_weight,
 )
 from prism_jax.ops.quantize_digits import quantize_digits
-from prism_jax.ops.rmsnorm_quant import add_rmsnorm_quant, rmsnorm, rmsnorm_quant
+from prism_jax.ops.rmsnorm_quant import add_rmsnorm, add_rmsnorm_quant, rmsnorm, rmsnorm_quant
 from prism_jax.ops.tree_attention import pack_chains, tree_attention
 
 register()
 
 __all__ = [
+    "add_rmsnorm",
     "add_rmsnorm_quant",
     "candidate_head",
     "current_impl",

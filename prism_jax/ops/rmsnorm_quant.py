@@ -116,3 +116,23 @@ def add_rmsnorm_quant(x, residual, gamma, *, eps: float, weight_offset: float = 
     q, s, h = _ffi("prism_add_rmsnorm_quant", outs, x2, _rows(residual),
                    gamma.astype(jnp.float32), eps=eps, weight_offset=weight_offset)
     return q.reshape(x.shape), s.reshape(x.shape[:-1]), h.reshape(x.shape)
+
+
+def add_rmsnorm(x, residual, gamma, *, eps: float, weight_offset: float = 0.0,
+                impl: Impl | None = None):
+    """h = x + residual (rounded to x's dtype), then rmsnorm(h) with float output, in one
+    custom call (the two-digit INT8 path quantises y itself, ops.quantize_digits).
+
+    Returns:
+      (y [..., D], h [..., D]), both in x's dtype.
+    """
+    _check("add_rmsnorm", x, gamma, residual)
+    if resolve_impl(impl) == "reference":
+        h = (x.astype(jnp.float32) + residual.astype(jnp.float32)).astype(x.dtype)
+        y = _normalize_reference(h.astype(jnp.float32), gamma, eps, weight_offset)
+        return y.astype(x.dtype), h
+    x2 = _rows(x)
+    outs = (jax.ShapeDtypeStruct(x2.shape, x.dtype), jax.ShapeDtypeStruct(x2.shape, x.dtype))
+    y, h = _ffi("prism_add_rmsnorm", outs, x2, _rows(residual), gamma.astype(jnp.float32),
+                eps=eps, weight_offset=weight_offset)
+    return y.reshape(x.shape), h.reshape(x.shape)

@@ -1,4 +1,5 @@
-"""rmsnorm, rmsnorm_quant and add_rmsnorm_quant against the canonical-order reference.
+"""rmsnorm, rmsnorm_quant, add_rmsnorm_quant and add_rmsnorm against the canonical-order
+reference.
 
 The reference sums squares in the kernels' canonical order, so results must match bitwise.
 """
@@ -58,6 +59,23 @@ def test_add_rmsnorm_quant_bitwise(device, rng, m, d, dtype, style):
     for name, a, b in zip(("codes", "scales", "sum"), out, ref, strict=True):
         assert_bitwise_equal(a, b, name)
     assert out[2].dtype == np.dtype(dtype)
+
+
+@pytest.mark.parametrize("m,d", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("style", STYLES)
+def test_add_rmsnorm_bitwise(device, rng, m, d, dtype, style):
+    """The two-digit path's residual add and float norm: y is rmsnorm's of the sum, h the sum
+    add_rmsnorm_quant writes, bit for bit."""
+    x, res = activations(rng, (m, d), dtype), activations(rng, (m, d), dtype, 4.0)
+    gamma = rng.normal(0, 0.5, d).astype(np.float32)
+    (y, h), (y_ref, h_ref) = both(device, ops.add_rmsnorm, x, res, gamma, **style)
+    assert_bitwise_equal(y, y_ref, "y")
+    assert_bitwise_equal(h, h_ref, "sum")
+    assert y.dtype == h.dtype == np.dtype(dtype)
+    h_quant = run_on(device, ops.add_rmsnorm_quant, x, res, gamma, **style)[2]
+    assert_bitwise_equal(h, h_quant, "sum vs add_rmsnorm_quant's")
+    assert_bitwise_equal(y, run_on(device, ops.rmsnorm, h, gamma, **style), "y vs rmsnorm(h)")
 
 
 @pytest.mark.parametrize("m,d", SHAPES)
@@ -144,6 +162,7 @@ def norm_family(x, res, gamma):
         ("rmsnorm", ops.rmsnorm, (x, gamma)),
         ("rmsnorm_quant", ops.rmsnorm_quant, (x, gamma)),
         ("add_rmsnorm_quant", ops.add_rmsnorm_quant, (x, res, gamma)),
+        ("add_rmsnorm", ops.add_rmsnorm, (x, res, gamma)),
     )
 
 
