@@ -84,8 +84,13 @@ def assign(var: nnx.Param, value, what: str) -> None:
     var.set_value(value)
 
 
-_quantize_weight = jax.jit(ops.quantize_weight)
-_quantize_remainder = jax.jit(ops.quantize_remainder)
+# Weights are quantised per output channel by the row-quantisation custom call, whose division
+# 127 / amax is correctly rounded on both devices: XLA's on the GPU is not, so a checkpoint
+# quantised there by ops.quantize_weight could differ by a code from the CPU's.
+_quantize_weight = jax.jit(
+    lambda w, digits: ops.quantize_digits(w.astype(jnp.float32), digits=digits),
+    static_argnums=1,
+)
 
 
 class Linear(nnx.Module):
@@ -125,11 +130,12 @@ class Linear(nnx.Module):
         if w.shape != (*self.out, self.in_dim):
             raise ValueError(f"{what}: expected {[*self.out, self.in_dim]}, got {list(w.shape)}")
         if self.precision == "int8":
-            q, s = _quantize_weight(w.reshape(-1, self.in_dim))  # (prod(out), K)
+            digits = _quantize_weight(w.reshape(-1, self.in_dim), 1 if self.w_q2 is None else 2)
+            q, s = digits[:2]  # (prod(out), K), (prod(out),)
             assign(self.w_q, q.reshape(w.shape), what)
             assign(self.s_w, s.reshape(self.out), what + " scales")
             if self.w_q2 is not None:
-                q2, s2 = _quantize_remainder(w.reshape(-1, self.in_dim), q, s)
+                q2, s2 = digits[2:]
                 assign(self.w_q2, q2.reshape(w.shape), what + " remainder")
                 assign(self.s_w2, s2.reshape(self.out), what + " remainder scales")
         else:
