@@ -15,6 +15,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -218,10 +219,22 @@ inline ffi::Error GluCacheAllowed(const std::string& op, bool* allowed) {
   return ffi::Error::Success();
 }
 
-// Launches GluRowsKernel over src.m rows. A cached row takes F floats of dynamic shared memory,
-// which caps the SM at two blocks for the 27B's F = 21504: those blocks take 1024 threads (one
-// chunk per thread when the row is shorter), so enough loads are in flight. Uncached rows take
-// RowBlockThreads' width.
+// Threads of a cached row's block. Few rows (latency-bound): one chunk per thread. Many rows:
+// as many threads as leave the SM's 2048 to the blocks its shared memory holds (227 KB over
+// F floats per row), at least 256, so the 27B's F = 21504 (two blocks per SM) keeps 1024
+// threads while its D = 5376 rows (quantize_digits) take 256 and eight rows fit on an SM, not
+// three (672 threads each: 0.7 TB/s at M = 4096 on the H200, results/ops_h200_session8/).
+inline int CachedRowThreads(int64_t m, int64_t f) {
+  constexpr int64_t kManyRows = 512, kSmemPerSm = 227 << 10, kThreadsPerSm = 2048;
+  const int wide = RowBlockThreads(1, f);
+  if (m < kManyRows) return wide;
+  const int64_t per_sm = std::max<int64_t>(1, kSmemPerSm / std::max<int64_t>(f * 4, 1));
+  const int64_t fill = kThreadsPerSm / per_sm / kWarpSize * kWarpSize;
+  return static_cast<int>(std::min<int64_t>(wide, std::max<int64_t>(256, fill)));
+}
+
+// Launches GluRowsKernel over src.m rows. A cached row takes F floats of dynamic shared memory
+// (CachedRowThreads sets the block's width); uncached rows take RowBlockThreads' width.
 template <typename Src, bool kTwo>
 ffi::Error GluRowsLaunch(cudaStream_t stream, const Src& src, const GluOut& out, Activation act,
                          const std::string& op) {
@@ -242,7 +255,7 @@ ffi::Error GluRowsLaunch(cudaStream_t stream, const Src& src, const GluOut& out,
                                   ": " + cudaGetErrorString(e));
     }
   }
-  const int threads = cached ? RowBlockThreads(1, src.f) : RowBlockThreads(src.m, src.f);
+  const int threads = cached ? CachedRowThreads(src.m, src.f) : RowBlockThreads(src.m, src.f);
   GluRowsKernel<Src, kTwo>
       <<<static_cast<unsigned>(src.m), threads, smem, stream>>>(src, out, act, cached);
   return LaunchStatus(op.c_str());

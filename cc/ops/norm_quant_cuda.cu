@@ -196,7 +196,7 @@ ffi::Error Launch(cudaStream_t stream, int64_t m, const NormArgs<T>& a, const ch
   const unsigned grid = static_cast<unsigned>(m);
   if (a.d <= kStride || (a.d <= kMaxRegChunks * kStride && forced != -1)) {
     const bool lean = forced > kForceLean || (forced == 0 && m >= kLeanRows);
-    const int warps = forced > 0 ? forced % kForceLean : SplitWarps(m, a.d);
+    const int warps = forced > 0 ? forced % kForceLean : SplitWarps(m, a.d, lean);
     if (warps == 1) {
       LaunchRegRowsFor(stream, m, a);
     } else {  // d <= 21 chunks per lane over >= 2 warps: <= kMaxSplitChunks per warp
