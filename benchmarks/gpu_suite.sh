@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # One device call: build the extension on the H200 machine, run the op tests there (CPU and
 # GPU parameters; GPU-marked tests no longer skip), then the CUDA-vs-CPU report.
-# Usage (device tool): bash benchmarks/gpu_suite.sh   with carry [".whl"] (nvidia-cutlass wheel)
+# Usage (device tool): bash benchmarks/gpu_suite.sh   with carry [".whl"]: the wheels the H200
+# machine lacks, installed with --no-deps (nvidia-cutlass to build there; gguf and pyyaml, which
+# prism_jax.engine imports: without them tests/test_determinism.py and e2e_decide.py fail to
+# import). Fill it with `pip download --no-deps -d .whl nvidia-cutlass==4.2.0.0 gguf pyyaml`.
 # Results land in $OUT (or benchmarks/results/ when OUT is unset).
 # Optional environment:
 #   PREBUILT=path/_prism_ops*.so  use an extension built elsewhere if it imports (else build)
