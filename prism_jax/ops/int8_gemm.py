@@ -6,8 +6,6 @@ x_q int8 [..., K], s_x f32 [...], w_q int8 [N, K] (K contiguous), s_w f32 [N].
 
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 
@@ -78,26 +76,6 @@ def _int8_gemm_ffi(x_q, s_x, w_q, s_w, out_dtype) -> jax.Array:
     return y.reshape(*lead, n)  # (..., N)
 
 
-# PRISM_INT8_GEMM_XLA="LO-HI": on CUDA, GEMMs of LO <= M <= HI rows on the long projections
-# (N or K >= 16384: the 27B's gate_up and down) run XLA's own int8 dot, int8_gemm_reference:
-# the same exact int32 sums and the same epilogue order, so the same bits. XLA's dot was 27 % /
-# 33 % faster than the custom call's dispatch on gate_up / down at M = 416 on the H200
-# (benchmarks/results/gemm_h200_session8/m416/); this switch lets the end-to-end steps measure
-# it. Unset: every shape takes the custom call. The CPU always takes the custom call.
-XLA_ROUTE_ENV = "PRISM_INT8_GEMM_XLA"
-LONG_PROJECTION = 16384
-
-
-def _xla_routed(m: int, n: int, k: int) -> bool:
-    spec = os.environ.get(XLA_ROUTE_ENV, "")
-    if not spec:
-        return False
-    lo, sep, hi = spec.partition("-")
-    if not (sep and lo.isdigit() and hi.isdigit()):
-        raise ValueError(f"{XLA_ROUTE_ENV} must be LO-HI (rows, e.g. 257-1024), got {spec!r}")
-    return int(lo) <= m <= int(hi) and max(n, k) >= LONG_PROJECTION
-
-
 def int8_gemm(x_q, s_x, w_q, s_w, *, out_dtype=jnp.float32, impl: Impl | None = None):
     """INT8 x INT8 -> INT32 GEMM with per-row and per-column scales.
 
@@ -115,11 +93,4 @@ def int8_gemm(x_q, s_x, w_q, s_w, *, out_dtype=jnp.float32, impl: Impl | None = 
     _check(x_q, s_x, w_q, s_w, out_dtype)
     if resolve_impl(impl) == "reference":
         return int8_gemm_reference(x_q, s_x, w_q, s_w, out_dtype)
-    m = x_q.size // x_q.shape[-1] if x_q.shape[-1] else 0
-    if _xla_routed(m, *w_q.shape):
-        return jax.lax.platform_dependent(
-            x_q, s_x, w_q, s_w,
-            cuda=lambda *a: int8_gemm_reference(*a, out_dtype),
-            default=lambda *a: _int8_gemm_ffi(*a, out_dtype),
-        )  # fmt: skip
     return _int8_gemm_ffi(x_q, s_x, w_q, s_w, out_dtype)
