@@ -121,40 +121,17 @@ struct RegSlice {
     RegChunk<T> rv[kChunks];
     if (a.residual != nullptr) Load(a.residual + off, rv);
     LoadWeights(a, w);
-    if (a.residual == nullptr) return;
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) h[j].SetRounded(i, __fadd_rn(h[j].Get(i), rv[j].Get(i)));
-    }
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      float v[kVec];
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) v[i] = h[j].Get(i);
-      if (cnt[j] > 0) StoreSliceChunk<kFull>(a.h + off + at[j], cnt[j], v);
-    }
+    if (a.residual != nullptr) AddResidual(a, off, rv);
   }
 
   // LoadRow without the weights (NormSplitRowsKernel's lean form): only h stays in registers
-  // through the reduction, and NormalizeGamma reads gamma afterwards.
+  // through the reduction, and YAmax / CodesFromH read gamma afterwards.
   __device__ __forceinline__ void LoadRowLean(const NormArgs<T>& a, int64_t off) {
     Load(a.x + off, h);
     if (a.residual == nullptr) return;
     RegChunk<T> rv[kChunks];
     Load(a.residual + off, rv);
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) h[j].SetRounded(i, __fadd_rn(h[j].Get(i), rv[j].Get(i)));
-    }
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      float v[kVec];
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) v[i] = h[j].Get(i);
-      if (cnt[j] > 0) StoreSliceChunk<kFull>(a.h + off + at[j], cnt[j], v);
-    }
+    AddResidual(a, off, rv);
   }
 
   // The lean form's passes after the reduction: y = (h * inv) * w as Normalize, with w =
@@ -262,6 +239,23 @@ struct RegSlice {
     }
 #pragma unroll
     for (int i = 0; i < kVec; ++i) w[i] = __fadd_rn(a.weight_offset, g[i]);
+  }
+
+  // h = h + rv rounded to T (as LoadH), written to a.h.
+  __device__ __forceinline__ void AddResidual(const NormArgs<T>& a, int64_t off,
+                                              const RegChunk<T> (&rv)[kChunks]) {
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) h[j].SetRounded(i, __fadd_rn(h[j].Get(i), rv[j].Get(i)));
+    }
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      float v[kVec];
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) v[i] = h[j].Get(i);
+      if (cnt[j] > 0) StoreSliceChunk<kFull>(a.h + off + at[j], cnt[j], v);
+    }
   }
 
   // Every present chunk of src's row into dst; absent ones +0 (kFull: the row's first chunk).
