@@ -1,0 +1,39 @@
+"""benchmarks/ops_bandwidth.py: the CPU smoke run (--smoke: tiny shapes; its timings are not
+results) prints one JSON line per (op, shape, forced variant) with bytes that match the op's
+inputs and outputs, and renders the table against the copy ceiling."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "ops_bandwidth.py"
+OPS = {"rmsnorm_quant", "add_rmsnorm_quant", "rmsnorm", "add_rmsnorm", "quantize_digits",
+       "glu_quant_pair", "glu_quant2_pair", "glu_quant2_sum", "candidate_head",
+       "vocab_logsumexp", "xla_copy_f32"}  # fmt: skip
+
+
+def test_smoke_run_covers_every_op_and_forced_variant(tmp_path):
+    args = ["--smoke", "--out", str(tmp_path), "--ms", "4,8", "--rows", "4", "--runs", "2",
+            "--norm-kernels", "reg1", "--glu-caches", "off"]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(x) for x in (tmp_path / "ops_bandwidth.jsonl").read_text().splitlines()]
+    assert {r["op"] for r in rows} == OPS
+    # Forced variants at the smallest and largest M only, each its own row.
+    forced = {(r["op"], r["M"]) for r in rows if r.get("kernel") in ("reg1", "cache off")}
+    assert forced == {(op, m) for m in (4, 8) for op in
+                      ("rmsnorm_quant", "add_rmsnorm_quant", "glu_quant_pair",
+                       "glu_quant2_pair", "glu_quant2_sum")}  # fmt: skip
+    d = 512  # --smoke's D
+    norm = next(r for r in rows if r["op"] == "rmsnorm_quant" and r["kernel"] == "default")
+    assert norm["bytes"] == norm["M"] * d * 4 + d * 4 + norm["M"] * d + norm["M"] * 4
+    digits = next(r for r in rows if r["op"] == "quantize_digits")
+    assert digits["bytes"] == digits["M"] * d * 4 + 2 * (digits["M"] * d + digits["M"] * 4)
+    assert all(r["median_us"] > 0 and r["tbps"] > 0 for r in rows)
+    table = (tmp_path / "ops_bandwidth.md").read_text()
+    assert "Copy ceiling" in table and "% of copy" in table
+    assert table.count("\n| ") == len(rows) - 1 + 1  # a row per measurement but the copy, header
