@@ -6,13 +6,13 @@
 // yw2[r]) in f32 (the model's order, Int8Linear), then does the same; its digits come out
 // stacked, q [2M, F] and s [2M] (q2's rows after q1's).
 #include <algorithm>
-#include <cmath>
 #include <vector>
 
 #include "cc/common.h"
 #include "cc/cpu_parallel.h"
 #include "cc/numerics.h"
 #include "cc/ops/glu_quant.h"
+#include "cc/ops/quantize_rows.h"
 
 namespace prism {
 namespace {
@@ -26,27 +26,13 @@ struct Digits {
   float* s2;
 };
 
-// One row: a[i] = Activate(gate) * up exactly as GluRows (glu_quant_cpu.cc), then in place
-// the remainder, then both digits. buf holds F floats.
+// One row: a[i] = Activate(gate) * up exactly as GluRows (glu_quant_cpu.cc) into buf (F
+// floats), then both digits of it, the remainders overwriting a in buf.
 template <typename T>
 void GluRow2(const T* gate, const T* up, int64_t f, Activation act, float* buf, int8_t* q1,
              float* s1, int8_t* q2, float* s2) {
-  float amax = 0.0f;
-  for (int64_t i = 0; i < f; ++i) {
-    buf[i] = Activate(act, ToF32(gate[i])) * ToF32(up[i]);
-    amax = std::max(amax, std::fabs(buf[i]));
-  }
-  const float inv = QuantInverse(amax), scale = QuantScale(amax);
-  float rmax = 0.0f;
-  for (int64_t i = 0; i < f; ++i) {
-    q1[i] = QuantCode(buf[i], inv);
-    buf[i] = QuantRemainder(buf[i], q1[i], scale);
-    rmax = std::max(rmax, std::fabs(buf[i]));
-  }
-  const float rinv = QuantInverse(rmax);
-  for (int64_t i = 0; i < f; ++i) q2[i] = QuantCode(buf[i], rinv);
-  *s1 = scale;
-  *s2 = QuantScale(rmax);
+  for (int64_t i = 0; i < f; ++i) buf[i] = Activate(act, ToF32(gate[i])) * ToF32(up[i]);
+  QuantizeRowDigits(buf, f, buf, q1, s1, q2, s2);
 }
 
 template <typename T>

@@ -1,12 +1,11 @@
 // prism_glu_quant on the CPU: a = act(gate) * up, then per-row symmetric INT8 quantisation.
 //   gate_up [M, 2F] f32|bf16 -> a_q s8 [M, F], s_a f32 [M]; attr activation (numerics.h).
-#include <algorithm>
-#include <cmath>
 #include <vector>
 
 #include "cc/common.h"
 #include "cc/numerics.h"
 #include "cc/ops/glu_quant.h"
+#include "cc/ops/quantize_rows.h"
 
 namespace prism {
 namespace {
@@ -17,14 +16,8 @@ void GluRows(const T* gate_up, int64_t m, int64_t f, Activation act, int8_t* q, 
   for (int64_t r = 0; r < m; ++r) {
     const T* gate = gate_up + r * 2 * f;
     const T* up = gate + f;
-    float amax = 0.0f;
-    for (int64_t i = 0; i < f; ++i) {
-      a[i] = Activate(act, ToF32(gate[i])) * ToF32(up[i]);
-      amax = std::max(amax, std::fabs(a[i]));
-    }
-    const float inv = QuantInverse(amax);
-    for (int64_t i = 0; i < f; ++i) q[r * f + i] = QuantCode(a[i], inv);
-    s[r] = QuantScale(amax);
+    for (int64_t i = 0; i < f; ++i) a[i] = Activate(act, ToF32(gate[i])) * ToF32(up[i]);
+    QuantizeRowDigits(a.data(), f, nullptr, q + r * f, s + r, nullptr, nullptr);
   }
 }
 

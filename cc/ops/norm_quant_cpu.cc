@@ -10,6 +10,7 @@
 
 #include "cc/common.h"
 #include "cc/numerics.h"
+#include "cc/ops/quantize_rows.h"
 
 namespace prism {
 namespace {
@@ -24,14 +25,6 @@ void NormRow(const float* h, const float* gamma, int64_t d, NormAttrs a, float* 
   const float ss = CanonicalSumHost(d, [&](int64_t i) { return h[i] * h[i]; });
   const float inv = InverseRms(ss, d, a.eps);
   for (int64_t i = 0; i < d; ++i) y[i] = (h[i] * inv) * (a.weight_offset + gamma[i]);
-}
-
-void QuantRow(const float* y, int64_t d, int8_t* q, float* scale) {
-  float amax = 0.0f;
-  for (int64_t i = 0; i < d; ++i) amax = std::max(amax, std::fabs(y[i]));
-  const float inv = QuantInverse(amax);
-  for (int64_t i = 0; i < d; ++i) q[i] = QuantCode(y[i], inv);
-  *scale = QuantScale(amax);
 }
 
 // Runs the whole family for one activation dtype T; null pointers switch parts off.
@@ -57,7 +50,9 @@ void NormRows(const T* x, const T* residual, const float* gamma, int64_t m, int6
     if (y_out != nullptr) {
       for (int64_t i = 0; i < d; ++i) FromF32(y[i], y_out + r * d + i);
     }
-    if (q_out != nullptr) QuantRow(y, d, q_out + r * d, s_out + r);
+    if (q_out != nullptr) {
+      QuantizeRowDigits(y, d, nullptr, q_out + r * d, s_out + r, nullptr, nullptr);
+    }
   }
 }
 

@@ -7,40 +7,16 @@
 // the result is ops.quantize_rows (and quantize_remainder) of the same rows, bit for bit; rows
 // are spread over XLA's thread pool and a row's bits never depend on which thread ran it.
 #include <algorithm>
-#include <cmath>
-#include <string>
 #include <vector>
 
 #include "cc/common.h"
 #include "cc/cpu_parallel.h"
-#include "cc/numerics.h"
-#include "cc/ops/glu_quant.h"
 #include "cc/ops/quantize_rows.h"
 
 namespace prism {
 namespace {
 
 constexpr int64_t kElementsPerItem = 1 << 16;  // enough work per item to amortise scheduling
-
-// One row's digits; buf holds D floats (the remainders).
-void QuantizeRow(const float* y, int64_t d, bool two, float* buf, int8_t* q1, float* s1,
-                 int8_t* q2, float* s2) {
-  float amax = 0.0f;
-  for (int64_t i = 0; i < d; ++i) amax = std::max(amax, std::fabs(y[i]));
-  const float inv = QuantInverse(amax), scale = QuantScale(amax);
-  float rmax = 0.0f;
-  for (int64_t i = 0; i < d; ++i) {
-    q1[i] = QuantCode(y[i], inv);
-    if (!two) continue;
-    buf[i] = QuantRemainder(y[i], q1[i], scale);
-    rmax = std::max(rmax, std::fabs(buf[i]));
-  }
-  *s1 = scale;
-  if (!two) return;
-  const float rinv = QuantInverse(rmax);
-  for (int64_t i = 0; i < d; ++i) q2[i] = QuantCode(buf[i], rinv);
-  *s2 = QuantScale(rmax);
-}
 
 ffi::Error QuantizeRowsCpu(ffi::ThreadPool pool, ffi::BufferR2<ffi::F32> y,
                            ffi::Result<ffi::BufferR2<ffi::S8>> q,
@@ -59,8 +35,8 @@ ffi::Error QuantizeRowsCpu(ffi::ThreadPool pool, ffi::BufferR2<ffi::F32> y,
     std::vector<float> buf(two ? d : 0);
     const int64_t end = std::min(m, (item + 1) * per_item);
     for (int64_t r = item * per_item; r < end; ++r) {
-      QuantizeRow(src + r * d, d, two, buf.data(), codes + r * d, scales + r,
-                  codes + (m + r) * d, scales + m + r);
+      QuantizeRowDigits(src + r * d, d, buf.data(), codes + r * d, scales + r,
+                        two ? codes + (m + r) * d : nullptr, two ? scales + m + r : nullptr);
     }
   });
   return ffi::Error::Success();
