@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import pathlib
 import sys
@@ -35,49 +34,28 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from gemm_bench import stats, time_jax  # noqa: E402
+from gemm_bench import copy_bandwidth, repeated, reps_for, stats, time_jax  # noqa: E402
 
 from prism_jax import ops  # noqa: E402
 
 D, F, V, C = 5376, 21504, 262_208, 16
-TARGET_RUN_S = 2e-3
 COPY_BYTES = 1 << 30
 BIG_INPUTS = 24 << 30  # inputs of one timed run at most: fewer calls when they would exceed it
 DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
 
 
-def repeated(fn, reps: int, tag: str):
-    """jit of reps applications of fn, call i on inputs i; the tag makes each forced kernel's
-    HLO (and so its executable and recorded command buffer) its own."""
-
-    def run(*inputs):
-        return [fn(*inputs[i]) for i in range(reps)], jnp.asarray(sum(map(ord, tag)), jnp.int32)
-
-    return jax.jit(run)
-
-
 def run_op(name, fn, make_inputs, in_bytes, out_bytes, emit, runs, **meta):
     """make_inputs(i) -> the arrays of call i; fn(*arrays) -> outputs."""
-    est = (in_bytes + out_bytes) / 3.5e12
-    reps = int(min(max(8, math.ceil(TARGET_RUN_S / max(est, 1e-7))), 100))
+    reps = reps_for((in_bytes + out_bytes) / 3.5e12)  # ~2 ms of device time per timed run
     reps = max(2, min(reps, BIG_INPUTS // max(in_bytes, 1)))
-    inputs = tuple(make_inputs(i) for i in range(reps))
+    calls = [make_inputs(i) for i in range(reps)]
+    inputs = tuple(list(arg) for arg in zip(*calls, strict=True))  # argument-major, as repeated
     per_op = time_jax(repeated(fn, reps, f"{name}:{meta.pop('tag', '')}"), inputs, reps, runs)
     s = stats(per_op)
     total = in_bytes + out_bytes
     emit({"op": name, **meta, "bytes": total, **s, "reps": reps,
           "tbps": total / (s["median_us"] * 1e-6) / 1e12})  # fmt: skip
-    del inputs
-
-
-def copy_bandwidth(emit, runs) -> float:
-    n = COPY_BYTES // 4
-    xs = tuple((jnp.full((n,), i + 3, jnp.float32),) for i in range(4))
-    per_op = time_jax(repeated(lambda x: x + 1.0, 4, "copy"), xs, 4, runs)
-    s = stats(per_op)
-    tbps = 2 * COPY_BYTES / (s["median_us"] * 1e-6) / 1e12
-    emit({"op": "xla_copy_f32", "bytes": 2 * COPY_BYTES, **s, "tbps": tbps})
-    return tbps
+    del calls, inputs
 
 
 def norm_ops(m: int, dt, emit, runs, normal, kernels: list[str]) -> None:
@@ -211,7 +189,8 @@ def main() -> int:
     kernels = [k for k in args.norm_kernels.split(",") if k]
     caches = [c for c in args.glu_caches.split(",") if c]
     with jax.default_device(gpu):
-        copy_bandwidth(emit, args.runs)
+        # gemm_bench's float32 x + 1, each call its own input; named here as the table reads it.
+        copy_bandwidth(lambda row: emit({"op": "xla_copy_f32", **row}), args.runs, COPY_BYTES)
         for name in args.dtypes.split(","):
             for m in ms:
                 forced = kernels if m in (min(ms), max(ms)) else []

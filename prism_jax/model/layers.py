@@ -55,16 +55,13 @@ def dot_precision(dtype) -> jax.lax.Precision:
 class Quantized(NamedTuple):
     """An INT8 activation: codes [..., K] and one fp32 scale per row [...]; optionally a
     second digit (q2, s2), the rows' rounding remainder quantised with its own per-row scale
-    (ops.quantize_remainder), so that the row is q * s + q2 * s2."""
+    (ops.quantize_digits), so that the row is q * s + q2 * s2."""
 
     q: jax.Array
     s: jax.Array
     q2: jax.Array | None = None
     s2: jax.Array | None = None
 
-    def with_remainder(self, y: jax.Array) -> Quantized:
-        """Adds the second digit of the float rows y that (q, s) quantised."""
-        return Quantized(self.q, self.s, *ops.quantize_remainder(y, self.q, self.s))
 
 
 def _param(shape: tuple[int, ...], dtype, axes: tuple[str | None, ...]) -> nnx.Param:

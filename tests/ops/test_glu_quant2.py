@@ -217,7 +217,8 @@ def test_two_digit_mlp_adds_gate_up_in_the_kernel(device, family):
     x = rng.normal(0, 1, (6, config.hidden_size)).astype(np.float32)
 
     def quantized(x):
-        return Quantized(*ops.quantize_rows(x)).with_remainder(x)
+        q, s = ops.quantize_rows(x)
+        return Quantized(q, s, *ops.quantize_remainder(x, q, s))
 
     def old_path(x):
         gu = mlp.gate_up(quantized(x))
