@@ -13,8 +13,11 @@ R calls captured in one CUDA graph (torch._int_mm needs M > 16). prism output is
 Int8Linear asks for); XLA int8 dot gives int32, XLA bf16 dot bf16.
 
 --sweep also times every kernel of prism's dispatch that applies to the shape, forced with
-PRISM_INT8_GEMM_KERNEL (each forced variant is a fresh executable). Writes gemm.jsonl (one JSON
-line per measurement) and gemm.md (tables) under --out.
+PRISM_INT8_GEMM_KERNEL (each forced variant is a fresh executable); --kernels names the forced
+variants instead, each optionally with a tile order for the persistent schedulers, NAME@<m|n>S
+(raster along M or N, swizzle S: PRISM_INT8_GEMM_RASTER / PRISM_INT8_GEMM_SWIZZLE). The XLA int8
+dot's line says which kernel XLA compiled it to (xla_kernel). Writes gemm.jsonl (one JSON line
+per measurement) and gemm.md (tables) under --out.
 """
 
 from __future__ import annotations
@@ -65,6 +68,39 @@ def variants_for(m: int) -> list[str]:
     if m <= 256:
         return [SM90[3], SM90[2], SM90[1], SM90[0], *STREAMK]
     return [SM90[0], SM90[1], SM90[2], *STREAMK]
+
+
+def forced_env(variant: str) -> dict[str, str]:
+    """The environment that forces `variant`: NAME, or NAME@<m|n><swizzle> with a tile order."""
+    name, _, order = variant.partition("@")
+    env = {"PRISM_INT8_GEMM_KERNEL": name}
+    if order:
+        assert order[0] in "mn" and order[1:].isdigit(), (
+            f"{variant!r}: the tile order is @m<swizzle> or @n<swizzle>, e.g. @m4"
+        )
+        env |= {"PRISM_INT8_GEMM_RASTER": order[0], "PRISM_INT8_GEMM_SWIZZLE": order[1:]}
+    return env
+
+
+FORCING = ("PRISM_INT8_GEMM_KERNEL", "PRISM_INT8_GEMM_RASTER", "PRISM_INT8_GEMM_SWIZZLE")
+
+
+def xla_kernel(fn, args) -> str:
+    """What XLA compiled the first dot of fn(*args) to: a custom call's target (cuBLAS /
+    cuBLASLt) or a fusion's kind (a Triton GEMM), with its backend config (tile sizes)."""
+    hlo = fn.lower(*args).compile().as_text()
+    for line in hlo.splitlines():
+        if "custom_call_target=" in line and ("cublas" in line or "gemm" in line):
+            target = line.split("custom_call_target=")[1].split(",")[0]
+            return target + " " + _config(line)
+        if "kind=kCustom" in line and "fusion" in line and "gemm" in line:
+            return "triton " + _config(line)
+    return "unknown"
+
+
+def _config(line: str) -> str:
+    cfg = line.split("backend_config=", 1)[1] if "backend_config=" in line else ""
+    return cfg[:600]
 
 
 def stats(per_op_s: list[float]) -> dict:
@@ -121,7 +157,7 @@ class Pool:
         return self.items[:count]
 
 
-def bench_shape(name, n, k, ms, runs, sweep, emit, key):
+def bench_shape(name, n, k, ms, runs, sweep, emit, key, kernels=None):
     w_bytes = n * k
     wkey, xkey = jax.random.split(key)
 
@@ -162,21 +198,26 @@ def bench_shape(name, n, k, ms, runs, sweep, emit, key):
             return ops.int8_gemm(x, sx, w, sw, out_dtype=jnp.float32)
 
         args = (xs, s_x, ws.take(reps), s_w.take(reps))
-        os.environ.pop("PRISM_INT8_GEMM_KERNEL", None)
+        for var in FORCING:
+            os.environ.pop(var, None)
         record("prism", time_jax(repeated(gemm, reps, "auto"), args, reps, runs))
-        for v in variants_for(m) if m in sweep else []:
-            os.environ["PRISM_INT8_GEMM_KERNEL"] = v
+        for v in (kernels or variants_for(m)) if m in sweep else []:
+            os.environ.update(forced_env(v))
             try:
                 record("prism:" + v, time_jax(repeated(gemm, reps, v), args, reps, runs))
             finally:
-                os.environ.pop("PRISM_INT8_GEMM_KERNEL", None)
+                for var in FORCING:
+                    os.environ.pop(var, None)
 
         def dot_i8(x, w):
             return jax.lax.dot_general(
                 x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32
             )
 
-        record("xla_int8", time_jax(repeated(dot_i8, reps, "i8"), (xs, ws.take(reps)), reps, runs))
+        i8 = repeated(dot_i8, reps, "i8")
+        base["xla_kernel"] = xla_kernel(i8, (xs, ws.take(reps)))
+        record("xla_int8", time_jax(i8, (xs, ws.take(reps)), reps, runs))
+        del base["xla_kernel"]
 
         def dot_bf16(x, w):
             return jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())))
@@ -354,6 +395,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--sweep", action="store_true", help="also time every forced kernel")
     parser.add_argument("--sweep-ms", default="", help="with --sweep: only at these M")
+    parser.add_argument(
+        "--kernels", default="", help="with --sweep: these forced variants (NAME or NAME@m4)"
+    )
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--ms", default=",".join(map(str, MS)))
     parser.add_argument("--no-torch", action="store_true")
@@ -409,7 +453,10 @@ def main() -> int:
         for name, (n, k) in shapes.items():
             sweep = set(map(int, args.sweep_ms.split(","))) if args.sweep_ms else set(ms)
             sweep = sweep if args.sweep else set()
-            bench_shape(name, n, k, ms, args.runs, sweep, emit, jax.random.fold_in(key, n * k))
+            kernels = [v for v in args.kernels.split(",") if v]
+            bench_shape(
+                name, n, k, ms, args.runs, sweep, emit, jax.random.fold_in(key, n * k), kernels
+            )
     if not args.no_torch:
         bench_torch(shapes, ms, args.runs, emit)
     sink.close()

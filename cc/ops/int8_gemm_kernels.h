@@ -25,8 +25,13 @@ enum class Sm90Tile {
   // Swapped 128x64x128, cooperative, split-K: each tile's K split across peers when the
   // weight-row tiles are far fewer than the SMs (down at small M; needs workspace).
   kSplitKSwap128x64,
+  // Data-parallel variants (int8_gemm_sm90_variants.cu), for the per-M choice:
+  kCoop256x128,    // cooperative 256x128x128, cluster 1x2 (x multicast): one M tile up to 256
+  kPing128x128,    // ping-pong 128x128x128, cluster 2x1: each warp group its own 128x128 tile
+  kCoop128x256C1,  // cooperative 128x256x128 without a cluster (any SM takes any tile)
+  kCoop128x192,    // cooperative 128x192x128, cluster 2x1: N = 5376 is 28 tiles, 43008 224
 };
-constexpr int kSm90TileCount = 7;
+constexpr int kSm90TileCount = 11;
 const char* Sm90TileName(Sm90Tile tile);
 
 bool Sm90Supports(const void* x, const void* w, const void* y, int64_t k, int64_t n,
@@ -40,6 +45,11 @@ template <typename OutT>
 cudaError_t RunSm90(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
                     const int8_t* w, const float* sw, OutT* y, int64_t m, int64_t k, int64_t n,
                     void* workspace, size_t workspace_bytes);
+
+// The data-parallel variants, float32 output (int8_gemm_sm90_variants.cu): same contract.
+cudaError_t RunSm90Variant(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
+                           const int8_t* w, const float* sw, float* y, int64_t m, int64_t k,
+                           int64_t n);
 
 // Stream-K tiles, float32 output (int8_gemm_sm90_streamk.cu): same contract as RunSm90.
 cudaError_t RunSm90StreamK(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,

@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "cc/ops/int8_gemm_kernels.h"
@@ -72,6 +73,24 @@ using CfgStreamK128x256 =
     Config<Shape<_128, _256, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, false, true>;
 using CfgSplitKSwap128x64 =
     Config<Shape<_128, _64, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, true, true, true>;
+using CfgCoop256x128 = Config<Shape<_256, _128, _128>, Shape<_1, _2, _1>, Coop, EpiCoop, false>;
+using CfgPing128x128 = Config<Shape<_128, _128, _128>, Shape<_2, _1, _1>, Ping, EpiPing, false>;
+using CfgCoop128x256C1 = Config<Shape<_128, _256, _128>, Shape<_1, _1, _1>, Coop, EpiCoop, false>;
+using CfgCoop128x192 = Config<Shape<_128, _192, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, false>;
+
+// PRISM_INT8_GEMM_RASTER=m|n and PRISM_INT8_GEMM_SWIZZLE=1|2|4|8 (benchmarks only, read on every
+// call like PRISM_INT8_GEMM_KERNEL): the persistent schedulers' tile order, which decides what
+// the L2 holds; unset, CUTLASS's heuristic (raster along the shorter side, no swizzle). The order
+// of tiles never changes a result.
+template <class SchedulerArgs>
+void ApplyScheduleOverride(SchedulerArgs& args) {
+  using Raster = std::remove_reference_t<decltype(args.raster_order)>;
+  const char* raster = std::getenv("PRISM_INT8_GEMM_RASTER");
+  if (raster != nullptr && raster[0] == 'm') args.raster_order = Raster::AlongM;
+  if (raster != nullptr && raster[0] == 'n') args.raster_order = Raster::AlongN;
+  const char* swizzle = std::getenv("PRISM_INT8_GEMM_SWIZZLE");
+  if (swizzle != nullptr && *swizzle != '\0') args.max_swizzle_size = std::atoi(swizzle);
+}
 
 template <class Cfg, class ElementD>
 struct Gemm {
@@ -145,6 +164,7 @@ struct Gemm {
     // Visitor arguments: {{acc, s_x, mul}, s_w, mul}.
     args.epilogue.thread = {{{}, {sx}, {}}, {sw}, {}};
     args.hw_info.sm_count = SmCount();
+    ApplyScheduleOverride(args.scheduler);
     if constexpr (Cfg::kStreamK) {
       // Int32 partials: any order of addition gives the same sum (see the file comment), so the
       // lock-free reduction costs no determinism. Heuristic: data-parallel waves, stream-K only

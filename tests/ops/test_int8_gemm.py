@@ -100,6 +100,10 @@ CUDA_KERNELS = [
     "sm90_streamk_128x128x128_c2x1",
     "sm90_streamk_128x256x128_c2x1",
     "sm90_splitk_swap_128x64x128_c2x1",
+    "sm90_coop_256x128x128_c1x2",
+    "sm90_ping_128x128x128_c2x1",
+    "sm90_coop_128x256x128_c1x1",
+    "sm90_coop_128x192x128_c2x1",
 ]
 FORCED_SHAPES = [(1, 272, 200), (13, 1040, 136), (27, 2064, 72), (64, 5376, 264), (300, 528, 392)]
 
@@ -121,6 +125,24 @@ def test_each_cuda_kernel_exact(gpu, rng, monkeypatch, kernel, m, k, n, out_dtyp
     y = run_on(gpu, ops.int8_gemm, x, s_x, w, s_w, out_dtype=out_dtype)
     expected = epilogue(x.astype(np.int64) @ w.astype(np.int64).T, s_x, s_w)
     assert_bitwise_equal(y, np.asarray(jnp.asarray(expected).astype(out_dtype)), kernel)
+
+
+# The persistent schedulers' tile order (PRISM_INT8_GEMM_RASTER / _SWIZZLE, benchmarks only)
+# decides which tiles share the L2, never a result: each order gives the dispatch's bits.
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["sm90_coop_128x256x128_c2x1", "sm90_streamk_128x256x128_c2x1"])
+@pytest.mark.parametrize("raster,swizzle", [("m", "1"), ("n", "2"), ("m", "8")])
+def test_tile_order_keeps_bits(gpu, rng, monkeypatch, kernel, raster, swizzle):
+    m, k, n = 600, 1040, 2064
+    x, w = random_int8(rng, (m, k)), random_int8(rng, (n, k))
+    s_x = rng.uniform(1e-4, 1e-1, m).astype(np.float32)
+    s_w = rng.uniform(1e-4, 1e-1, n).astype(np.float32)
+    expected = epilogue(x.astype(np.int64) @ w.astype(np.int64).T, s_x, s_w)
+    monkeypatch.setenv("PRISM_INT8_GEMM_KERNEL", kernel)
+    monkeypatch.setenv("PRISM_INT8_GEMM_RASTER", raster)
+    monkeypatch.setenv("PRISM_INT8_GEMM_SWIZZLE", swizzle)
+    y = run_on(gpu, ops.int8_gemm, x, s_x, w, s_w)
+    assert_bitwise_equal(y, expected, f"{kernel} raster {raster} swizzle {swizzle}")
 
 
 # Shapes where the stream-K tiles really split K across CTAs (fewer output tiles than SMs, many
