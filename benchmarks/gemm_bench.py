@@ -52,10 +52,12 @@ SM90 = (
     "sm90_ping_64x256x128_c2x1",
     "sm90_coop_128x128x128_c2x1",
     "sm90_swap_ping_128x64x128_c2x1",
+    "sm90_coop_128x192x128_c2x1",
 )
 STREAMK = (
     "sm90_streamk_128x128x128_c2x1",
     "sm90_streamk_128x256x128_c2x1",
+    "sm90_streamk_128x192x128_c2x1",
 )
 
 
@@ -67,7 +69,7 @@ def variants_for(m: int) -> list[str]:
         return ["decode16", "decode32", SM90[3], SM90[2], STREAMK[0]]
     if m <= 256:
         return [SM90[3], SM90[2], SM90[1], SM90[0], *STREAMK]
-    return [SM90[0], SM90[1], SM90[2], *STREAMK]
+    return [SM90[0], SM90[1], SM90[2], SM90[4], *STREAMK, SM90[4] + "@m4"]
 
 
 def forced_env(variant: str) -> dict[str, str]:

@@ -14,7 +14,9 @@
 //
 // PRISM_INT8_GEMM_KERNEL (benchmarks only) forces one kernel by name, read on every call:
 // simt, decode16, decode32, decode64, or a tile of Sm90TileName(); unsupported shapes still fall
-// back. Under a command buffer the name in force at capture is the one replayed.
+// back. PRISM_INT8_GEMM_RASTER=m|n and PRISM_INT8_GEMM_SWIZZLE=1|2|4|8 (benchmarks only) force
+// the CUTLASS tile order (Sm90Order). Under a command buffer what is in force at capture is what
+// is replayed.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -166,6 +168,7 @@ struct Bucket {
   Sm90Tile tile;
   int64_t min_n = 0;  // the bucket applies only to N >= min_n ...
   int64_t min_k = 0;  // ... and K >= min_k
+  Sm90Order order = {};
 };
 constexpr int64_t kWideN = 16384;  // gate_up (N = 43008) among the 27B shapes
 constexpr int64_t kLongK = 8192;   // down (K = 21504)
@@ -179,14 +182,16 @@ constexpr Bucket kBucketsF32[] = {
     {256, 0, Sm90Tile::kCoop128x256, kWideN},
     {256, 0, Sm90Tile::kStreamK128x128, 0, kLongK},
     {256, 0, Sm90Tile::kCoop128x128},
-    {512, 0, Sm90Tile::kStreamK128x128, 0, kLongK},
-    {512, 0, Sm90Tile::kPing64x256, kWideN},
-    {512, 0, Sm90Tile::kCoop128x256},
+    {512, 0, Sm90Tile::kStreamK128x256, kWideN},
+    {512, 0, Sm90Tile::kCoop128x256, kMidN},
+    {512, 0, Sm90Tile::kCoop128x192},
+    {1024, 0, Sm90Tile::kStreamK128x256, kWideN},
     {1024, 0, Sm90Tile::kStreamK128x256, 0, kLongK},
     {1024, 0, Sm90Tile::kCoop128x256, kMidN},
-    {1024, 0, Sm90Tile::kCoop128x128},
+    {1024, 0, Sm90Tile::kCoop128x192},
     {2048, 0, Sm90Tile::kPing64x256},
-    {INT64_MAX, 0, Sm90Tile::kCoop128x256},
+    {INT64_MAX, 0, Sm90Tile::kStreamK128x256, kMidN},
+    {INT64_MAX, 0, Sm90Tile::kCoop128x192, 0, 0, {'m', 4}},
 };
 // bf16 output has two CUTLASS tiles built (int8_gemm_sm90_bf16.cu); not measured separately.
 constexpr Bucket kBucketsBf16[] = {
@@ -201,6 +206,15 @@ Bucket Pick(const Bucket (&table)[kCount], int64_t m, int64_t k, int64_t n) {
     if (m <= b.max_m && n >= b.min_n && k >= b.min_k) return b;
   }
   return table[kCount - 1];
+}
+
+// The benchmark overrides of the tile order (PRISM_INT8_GEMM_RASTER / _SWIZZLE), if set.
+void ForceOrder(Sm90Order* order) {
+  const char* raster = std::getenv("PRISM_INT8_GEMM_RASTER");
+  if (raster != nullptr && (raster[0] == 'm' || raster[0] == 'n')) order->raster = raster[0];
+  const char* swizzle = std::getenv("PRISM_INT8_GEMM_SWIZZLE");
+  const int s = swizzle == nullptr ? 0 : std::atoi(swizzle);
+  if (s == 1 || s == 2 || s == 4 || s == 8) order->swizzle = s;
 }
 
 // The benchmark override (PRISM_INT8_GEMM_KERNEL): false when unset; simt set when it names
@@ -233,6 +247,7 @@ Bucket Choose(int64_t m, int64_t k, int64_t n, bool* simt) {
     choice = std::is_same_v<OutT, float> ? Pick(kBucketsF32, m, k, n)
                                          : Pick(kBucketsBf16, m, k, n);
   }
+  ForceOrder(&choice.order);
   return choice;
 }
 
@@ -242,6 +257,7 @@ Sm90Tile DataParallelTwin(Sm90Tile tile) {
     case Sm90Tile::kStreamK128x128: return Sm90Tile::kCoop128x128;
     case Sm90Tile::kStreamK128x256: return Sm90Tile::kCoop128x256;
     case Sm90Tile::kSplitKSwap128x64: return Sm90Tile::kSwap128x64;
+    case Sm90Tile::kStreamK128x192: return Sm90Tile::kCoop128x192;
     default: return tile;
   }
 }
@@ -257,9 +273,11 @@ cudaError_t Dispatch(cudaStream_t stream, const int8_t* x, const float* sx, cons
     if (choice.decode_rows > 0 && DecodeSupports(x, w, m, k)) {
       e = RunDecode(choice.decode_rows, stream, x, sx, w, sw, y, m, k, n);
     } else if (choice.decode_rows == 0 && Sm90Supports(x, w, y, k, n, sizeof(OutT))) {
-      e = RunSm90(choice.tile, stream, x, sx, w, sw, y, m, k, n, workspace, workspace_bytes);
+      e = RunSm90(choice.tile, stream, x, sx, w, sw, y, m, k, n, workspace, workspace_bytes,
+                  choice.order);
       if (e == cudaErrorNotSupported && DataParallelTwin(choice.tile) != choice.tile) {
-        e = RunSm90(DataParallelTwin(choice.tile), stream, x, sx, w, sw, y, m, k, n, nullptr, 0);
+        e = RunSm90(DataParallelTwin(choice.tile), stream, x, sx, w, sw, y, m, k, n, nullptr, 0,
+                    choice.order);
       }
     }
   }
@@ -325,5 +343,5 @@ size_t PrismInt8GemmWorkspaceBytes(int64_t m, int64_t k, int64_t n, bool f32) {
   bool simt = false;
   const prism::Bucket choice = prism::Choose<float>(m, k, n, &simt);
   if (simt || choice.decode_rows > 0) return 0;
-  return prism::Sm90WorkspaceBytes(choice.tile, m, k, n);
+  return prism::Sm90WorkspaceBytes(choice.tile, m, k, n, choice.order);
 }

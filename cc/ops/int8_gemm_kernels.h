@@ -30,9 +30,18 @@ enum class Sm90Tile {
   kPing128x128,    // ping-pong 128x128x128, cluster 2x1: each warp group its own 128x128 tile
   kCoop128x256C1,  // cooperative 128x256x128 without a cluster (any SM takes any tile)
   kCoop128x192,    // cooperative 128x192x128, cluster 2x1: N = 5376 is 28 tiles, 43008 224
+  kStreamK128x192,  // cooperative 128x192x128 with the stream-K scheduler (needs workspace)
 };
-constexpr int kSm90TileCount = 11;
+constexpr int kSm90TileCount = 12;
 const char* Sm90TileName(Sm90Tile tile);
+
+// The persistent schedulers' tile order: raster 'm' (consecutive tiles walk along M), 'n', or 0
+// (CUTLASS's heuristic: along the shorter side), swizzle 1, 2, 4 or 8. It decides which tiles
+// share the L2 at a time, never a result.
+struct Sm90Order {
+  char raster = 0;
+  int swizzle = 1;
+};
 
 bool Sm90Supports(const void* x, const void* w, const void* y, int64_t k, int64_t n,
                   int out_bytes);
@@ -44,21 +53,21 @@ bool Sm90Supports(const void* x, const void* w, const void* y, int64_t k, int64_
 template <typename OutT>
 cudaError_t RunSm90(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
                     const int8_t* w, const float* sw, OutT* y, int64_t m, int64_t k, int64_t n,
-                    void* workspace, size_t workspace_bytes);
+                    void* workspace, size_t workspace_bytes, Sm90Order order = {});
 
 // The data-parallel variants, float32 output (int8_gemm_sm90_variants.cu): same contract.
 cudaError_t RunSm90Variant(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
                            const int8_t* w, const float* sw, float* y, int64_t m, int64_t k,
-                           int64_t n);
+                           int64_t n, Sm90Order order);
 
 // Stream-K tiles, float32 output (int8_gemm_sm90_streamk.cu): same contract as RunSm90.
 cudaError_t RunSm90StreamK(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
                            const int8_t* w, const float* sw, float* y, int64_t m, int64_t k,
-                           int64_t n, void* workspace, size_t workspace_bytes);
+                           int64_t n, void* workspace, size_t workspace_bytes, Sm90Order order);
 
 // Workspace bytes `tile` needs for an [M, K] x [N, K] GEMM with float32 output on this device
 // (0 for the data-parallel tiles, and when no CUDA device is visible).
-size_t Sm90WorkspaceBytes(Sm90Tile tile, int64_t m, int64_t k, int64_t n);
+size_t Sm90WorkspaceBytes(Sm90Tile tile, int64_t m, int64_t k, int64_t n, Sm90Order order);
 
 // Weight-streaming kernel for small M (int8_gemm_decode.cu): mma.sync m16n8k32 on 16-row slabs
 // of w, K split across the 8 warps of a block, partial sums added exactly in shared memory.

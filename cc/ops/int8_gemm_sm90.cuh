@@ -21,7 +21,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include "cc/ops/int8_gemm_kernels.h"
@@ -77,19 +76,16 @@ using CfgCoop256x128 = Config<Shape<_256, _128, _128>, Shape<_1, _2, _1>, Coop, 
 using CfgPing128x128 = Config<Shape<_128, _128, _128>, Shape<_2, _1, _1>, Ping, EpiPing, false>;
 using CfgCoop128x256C1 = Config<Shape<_128, _256, _128>, Shape<_1, _1, _1>, Coop, EpiCoop, false>;
 using CfgCoop128x192 = Config<Shape<_128, _192, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, false>;
+using CfgStreamK128x192 =
+    Config<Shape<_128, _192, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, false, true>;
 
-// PRISM_INT8_GEMM_RASTER=m|n and PRISM_INT8_GEMM_SWIZZLE=1|2|4|8 (benchmarks only, read on every
-// call like PRISM_INT8_GEMM_KERNEL): the persistent schedulers' tile order, which decides what
-// the L2 holds; unset, CUTLASS's heuristic (raster along the shorter side, no swizzle). The order
-// of tiles never changes a result.
+// The tile order (Sm90Order) as the persistent schedulers' arguments; 0 keeps the heuristic.
 template <class SchedulerArgs>
-void ApplyScheduleOverride(SchedulerArgs& args) {
+void SetOrder(SchedulerArgs& args, Sm90Order order) {
   using Raster = std::remove_reference_t<decltype(args.raster_order)>;
-  const char* raster = std::getenv("PRISM_INT8_GEMM_RASTER");
-  if (raster != nullptr && raster[0] == 'm') args.raster_order = Raster::AlongM;
-  if (raster != nullptr && raster[0] == 'n') args.raster_order = Raster::AlongN;
-  const char* swizzle = std::getenv("PRISM_INT8_GEMM_SWIZZLE");
-  if (swizzle != nullptr && *swizzle != '\0') args.max_swizzle_size = std::atoi(swizzle);
+  if (order.raster == 'm') args.raster_order = Raster::AlongM;
+  if (order.raster == 'n') args.raster_order = Raster::AlongN;
+  args.max_swizzle_size = order.swizzle;
 }
 
 template <class Cfg, class ElementD>
@@ -134,7 +130,7 @@ struct Gemm {
 
   static typename Adapter::Arguments MakeArgs(const int8_t* x, const float* sx, const int8_t* w,
                                               const float* sw, ElementD* y, int64_t m, int64_t k,
-                                              int64_t n) {
+                                              int64_t n, Sm90Order order) {
     // GEMM rows/cols: (m, n) standard, (n, m) swapped; A is x or w accordingly.
     const int gm = static_cast<int>(kSwap ? n : m), gn = static_cast<int>(kSwap ? m : n);
     const int gk = static_cast<int>(k);
@@ -164,7 +160,7 @@ struct Gemm {
     // Visitor arguments: {{acc, s_x, mul}, s_w, mul}.
     args.epilogue.thread = {{{}, {sx}, {}}, {sw}, {}};
     args.hw_info.sm_count = SmCount();
-    ApplyScheduleOverride(args.scheduler);
+    SetOrder(args.scheduler, order);
     if constexpr (Cfg::kStreamK) {
       // Int32 partials: any order of addition gives the same sum (see the file comment), so the
       // lock-free reduction costs no determinism. Heuristic: data-parallel waves, stream-K only
@@ -199,17 +195,17 @@ struct Gemm {
 
   // Bytes of workspace the call needs (0 for the data-parallel scheduler): stream-K's partial
   // accumulators and barriers, which depend on the shape and the SM count only.
-  static size_t WorkspaceBytes(int64_t m, int64_t k, int64_t n) {
+  static size_t WorkspaceBytes(int64_t m, int64_t k, int64_t n, Sm90Order order) {
     return Adapter::get_workspace_size(
-        MakeArgs(nullptr, nullptr, nullptr, nullptr, nullptr, m, k, n));
+        MakeArgs(nullptr, nullptr, nullptr, nullptr, nullptr, m, k, n, order));
   }
 
   // workspace: WorkspaceBytes() bytes or more, owned by the caller (an XLA result, so the call
   // stays capturable in a command buffer); CUTLASS zeroes its barriers with cudaMemsetAsync.
   static cudaError_t Run(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
                          const float* sw, ElementD* y, int64_t m, int64_t k, int64_t n,
-                         void* workspace, size_t workspace_bytes) {
-    typename Adapter::Arguments args = MakeArgs(x, sx, w, sw, y, m, k, n);
+                         void* workspace, size_t workspace_bytes, Sm90Order order) {
+    typename Adapter::Arguments args = MakeArgs(x, sx, w, sw, y, m, k, n, order);
     Adapter gemm;
     if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorNotSupported;
     // Too little workspace (a forced kernel the caller did not size for): refuse before launch.

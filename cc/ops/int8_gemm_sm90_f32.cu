@@ -16,6 +16,7 @@ const char* Sm90TileName(Sm90Tile tile) {
     case Sm90Tile::kPing128x128: return "sm90_ping_128x128x128_c2x1";
     case Sm90Tile::kCoop128x256C1: return "sm90_coop_128x256x128_c1x1";
     case Sm90Tile::kCoop128x192: return "sm90_coop_128x192x128_c2x1";
+    case Sm90Tile::kStreamK128x192: return "sm90_streamk_128x192x128_c2x1";
   }
   return "?";
 }
@@ -31,30 +32,33 @@ bool Sm90Supports(const void* x, const void* w, const void* y, int64_t k, int64_
 template <>
 cudaError_t RunSm90<float>(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
                            const int8_t* w, const float* sw, float* y, int64_t m, int64_t k,
-                           int64_t n, void* workspace, size_t workspace_bytes) {
+                           int64_t n, void* workspace, size_t workspace_bytes,
+                           Sm90Order order) {
   using sm90::Gemm;
   switch (tile) {
     case Sm90Tile::kCoop128x256:
       return Gemm<sm90::CfgCoop128x256, float>::Run(stream, x, sx, w, sw, y, m, k, n, workspace,
-                                                 workspace_bytes);
+                                                 workspace_bytes, order);
     case Sm90Tile::kPing64x256:
       return Gemm<sm90::CfgPing64x256, float>::Run(stream, x, sx, w, sw, y, m, k, n, workspace,
-                                                 workspace_bytes);
+                                                 workspace_bytes, order);
     case Sm90Tile::kCoop128x128:
       return Gemm<sm90::CfgCoop128x128, float>::Run(stream, x, sx, w, sw, y, m, k, n, workspace,
-                                                 workspace_bytes);
+                                                 workspace_bytes, order);
     case Sm90Tile::kSwap128x64:
       return Gemm<sm90::CfgSwap128x64, float>::Run(stream, x, sx, w, sw, y, m, k, n, workspace,
-                                                 workspace_bytes);
+                                                 workspace_bytes, order);
     case Sm90Tile::kStreamK128x128:
     case Sm90Tile::kStreamK128x256:
     case Sm90Tile::kSplitKSwap128x64:
-      return RunSm90StreamK(tile, stream, x, sx, w, sw, y, m, k, n, workspace, workspace_bytes);
+    case Sm90Tile::kStreamK128x192:
+      return RunSm90StreamK(tile, stream, x, sx, w, sw, y, m, k, n, workspace, workspace_bytes,
+                            order);
     case Sm90Tile::kCoop256x128:
     case Sm90Tile::kPing128x128:
     case Sm90Tile::kCoop128x256C1:
     case Sm90Tile::kCoop128x192:
-      return RunSm90Variant(tile, stream, x, sx, w, sw, y, m, k, n);
+      return RunSm90Variant(tile, stream, x, sx, w, sw, y, m, k, n, order);
   }
   return cudaErrorNotSupported;
 }

@@ -8,23 +8,26 @@ namespace prism {
 
 cudaError_t RunSm90StreamK(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
                            const int8_t* w, const float* sw, float* y, int64_t m, int64_t k,
-                           int64_t n, void* workspace, size_t workspace_bytes) {
+                           int64_t n, void* workspace, size_t workspace_bytes, Sm90Order order) {
   switch (tile) {
     case Sm90Tile::kStreamK128x128:
       return sm90::Gemm<sm90::CfgStreamK128x128, float>::Run(stream, x, sx, w, sw, y, m, k, n,
-                                                              workspace, workspace_bytes);
+                                                              workspace, workspace_bytes, order);
     case Sm90Tile::kStreamK128x256:
       return sm90::Gemm<sm90::CfgStreamK128x256, float>::Run(stream, x, sx, w, sw, y, m, k, n,
-                                                              workspace, workspace_bytes);
+                                                              workspace, workspace_bytes, order);
     case Sm90Tile::kSplitKSwap128x64:
       return sm90::Gemm<sm90::CfgSplitKSwap128x64, float>::Run(stream, x, sx, w, sw, y, m, k, n,
-                                                                workspace, workspace_bytes);
+                                                                workspace, workspace_bytes, order);
+    case Sm90Tile::kStreamK128x192:
+      return sm90::Gemm<sm90::CfgStreamK128x192, float>::Run(stream, x, sx, w, sw, y, m, k, n,
+                                                              workspace, workspace_bytes, order);
     default:
       return cudaErrorNotSupported;
   }
 }
 
-size_t Sm90WorkspaceBytes(Sm90Tile tile, int64_t m, int64_t k, int64_t n) {
+size_t Sm90WorkspaceBytes(Sm90Tile tile, int64_t m, int64_t k, int64_t n, Sm90Order order) {
   int devices = 0;
   // No device (a CUDA build on a CPU-only machine): nothing runs here, so nothing is needed.
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -34,11 +37,13 @@ size_t Sm90WorkspaceBytes(Sm90Tile tile, int64_t m, int64_t k, int64_t n) {
   if (m <= 0 || n <= 0 || k <= 0) return 0;
   switch (tile) {
     case Sm90Tile::kStreamK128x128:
-      return sm90::Gemm<sm90::CfgStreamK128x128, float>::WorkspaceBytes(m, k, n);
+      return sm90::Gemm<sm90::CfgStreamK128x128, float>::WorkspaceBytes(m, k, n, order);
     case Sm90Tile::kStreamK128x256:
-      return sm90::Gemm<sm90::CfgStreamK128x256, float>::WorkspaceBytes(m, k, n);
+      return sm90::Gemm<sm90::CfgStreamK128x256, float>::WorkspaceBytes(m, k, n, order);
     case Sm90Tile::kSplitKSwap128x64:
-      return sm90::Gemm<sm90::CfgSplitKSwap128x64, float>::WorkspaceBytes(m, k, n);
+      return sm90::Gemm<sm90::CfgSplitKSwap128x64, float>::WorkspaceBytes(m, k, n, order);
+    case Sm90Tile::kStreamK128x192:
+      return sm90::Gemm<sm90::CfgStreamK128x192, float>::WorkspaceBytes(m, k, n, order);
     default:
       return 0;
   }

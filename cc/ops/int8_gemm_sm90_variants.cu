@@ -10,18 +10,21 @@ namespace prism {
 
 cudaError_t RunSm90Variant(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
                            const int8_t* w, const float* sw, float* y, int64_t m, int64_t k,
-                           int64_t n) {
+                           int64_t n, Sm90Order order) {
   using sm90::Gemm;
   switch (tile) {
     case Sm90Tile::kCoop256x128:
-      return Gemm<sm90::CfgCoop256x128, float>::Run(stream, x, sx, w, sw, y, m, k, n, nullptr, 0);
+      return Gemm<sm90::CfgCoop256x128, float>::Run(stream, x, sx, w, sw, y, m, k, n, nullptr, 0,
+                                                    order);
     case Sm90Tile::kPing128x128:
-      return Gemm<sm90::CfgPing128x128, float>::Run(stream, x, sx, w, sw, y, m, k, n, nullptr, 0);
+      return Gemm<sm90::CfgPing128x128, float>::Run(stream, x, sx, w, sw, y, m, k, n, nullptr, 0,
+                                                    order);
     case Sm90Tile::kCoop128x256C1:
       return Gemm<sm90::CfgCoop128x256C1, float>::Run(stream, x, sx, w, sw, y, m, k, n, nullptr,
-                                                      0);
+                                                      0, order);
     case Sm90Tile::kCoop128x192:
-      return Gemm<sm90::CfgCoop128x192, float>::Run(stream, x, sx, w, sw, y, m, k, n, nullptr, 0);
+      return Gemm<sm90::CfgCoop128x192, float>::Run(stream, x, sx, w, sw, y, m, k, n, nullptr, 0,
+                                                    order);
     default:
       return cudaErrorNotSupported;
   }

@@ -104,6 +104,7 @@ CUDA_KERNELS = [
     "sm90_ping_128x128x128_c2x1",
     "sm90_coop_128x256x128_c1x1",
     "sm90_coop_128x192x128_c2x1",
+    "sm90_streamk_128x192x128_c2x1",
 ]
 FORCED_SHAPES = [(1, 272, 200), (13, 1040, 136), (27, 2064, 72), (64, 5376, 264), (300, 528, 392)]
 
@@ -130,7 +131,10 @@ def test_each_cuda_kernel_exact(gpu, rng, monkeypatch, kernel, m, k, n, out_dtyp
 # The persistent schedulers' tile order (PRISM_INT8_GEMM_RASTER / _SWIZZLE, benchmarks only)
 # decides which tiles share the L2, never a result: each order gives the dispatch's bits.
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["sm90_coop_128x256x128_c2x1", "sm90_streamk_128x256x128_c2x1"])
+@pytest.mark.parametrize(
+    "kernel",
+    ["sm90_coop_128x256x128_c2x1", "sm90_streamk_128x256x128_c2x1", "sm90_coop_128x192x128_c2x1"],
+)
 @pytest.mark.parametrize("raster,swizzle", [("m", "1"), ("n", "2"), ("m", "8")])
 def test_tile_order_keeps_bits(gpu, rng, monkeypatch, kernel, raster, swizzle):
     m, k, n = 600, 1040, 2064
@@ -150,6 +154,7 @@ def test_tile_order_keeps_bits(gpu, rng, monkeypatch, kernel, raster, swizzle):
 STREAMK_KERNELS = [
     "sm90_streamk_128x128x128_c2x1",
     "sm90_streamk_128x256x128_c2x1",
+    "sm90_streamk_128x192x128_c2x1",
     "sm90_splitk_swap_128x64x128_c2x1",
 ]
 STREAMK_SHAPES = [(256, 4112, 392), (130, 21504, 264), (40, 5392, 1032)]
