@@ -162,6 +162,14 @@ cudaError_t LaunchSimt(cudaStream_t stream, const int8_t* x, const float* sx, co
 // results/gemm_h200_session7/): split-K pays only on down at M <= 64 (37.3 vs 44.4 µs at 64,
 // 40.2 vs 47.4 at 32: its 42 weight-row tiles leave 90 SMs idle over K = 21504); on qkv and o
 // it loses (19.4 / 16.1 vs 16.8 / 13.4 µs at 64), and at M = 128 it ties everywhere.
+// Session 9 (results/gemm_h200_session9/, sweeps a-c, TOP/s, ~5 % run-to-run): above M = 256
+// 128x192 tiles fit N = 5376 (o, down) in whole tiles and waves (down at M = 448: 4 x 28 = 112
+// tiles in one wave where 128x128 stream-K took 767 TOP/s and 128x192 991-993; o at 448 / 512:
+// 529-619 / 648-651 vs 484-501 / 538-547); gate_up takes stream-K 128x256 (448: 976-1039 vs
+// ping-pong 870-920; at 512-4096 within 5 % of the best tile). At M = 4096 o and down gain from
+// raster along M with swizzle 4 (1098-1146 vs 1017-1052; 1408-1412 vs 1324-1378), which halves
+// them at M <= 512. Variants that lost or tied everywhere: 256x128 with a 1x2 cluster, 128x256
+// without a cluster, ping-pong 128x128 (only M = 512-1024 qkv within noise of the best).
 struct Bucket {
   int64_t max_m;
   int decode_rows;
