@@ -16,8 +16,11 @@ Int8Linear asks for); XLA int8 dot gives int32, XLA bf16 dot bf16.
 PRISM_INT8_GEMM_KERNEL (each forced variant is a fresh executable); --kernels names the forced
 variants instead, each optionally with a tile order for the persistent schedulers, NAME@<m|n>S
 (raster along M or N, swizzle S: PRISM_INT8_GEMM_RASTER / PRISM_INT8_GEMM_SWIZZLE). The XLA int8
-dot's line says which kernel XLA compiled it to (xla_kernel). Writes gemm.jsonl (one JSON line
-per measurement) and gemm.md (tables) under --out.
+dot's line says which kernel XLA compiled it to (xla_kernel). --device-time adds each jax
+implementation's kernel time per op (device_us): every GPU kernel of 3 more runs, traced with
+jax.profiler, summed and divided by 3 R. It leaves out host dispatch and launch gaps, which the
+host timing includes, as Nsight Compute and the e2e breakdown do. Writes gemm.jsonl (one JSON
+line per measurement) and gemm.md (tables) under --out.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import pathlib
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import jax
@@ -125,6 +129,27 @@ def time_jax(fn, args, reps: int, runs: int) -> list[float]:
     return out
 
 
+DEVICE_RUNS = 3  # traced runs behind a device time
+
+
+def device_time(fn, args, reps: int, kernel_times=None) -> float | None:
+    """Kernel seconds per op: every GPU kernel of DEVICE_RUNS traced calls of fn (R ops each),
+    summed (trace_breakdown.kernel_times). None without a GPU in the trace: on the CPU the custom
+    calls run inline on the calling thread, with no kernel events to sum."""
+    if kernel_times is None:
+        from trace_breakdown import kernel_times  # noqa: PLC0415 (benchmarks/ is on sys.path)
+
+    jax.block_until_ready(fn(*args))
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d):
+            for _ in range(DEVICE_RUNS):
+                jax.block_until_ready(fn(*args))
+        total, _, source = kernel_times(pathlib.Path(d))
+    if source != "gpu":
+        return None
+    return sum(total.values()) * 1e-9 / (DEVICE_RUNS * reps)
+
+
 def repeated(op, reps: int, tag: str):
     """jit of R applications of op, call i on inputs i: no two calls share an operand, so XLA can
     neither merge nor deduplicate them and no weight is reused from L2. `tag` makes the HLO (and so
@@ -159,7 +184,7 @@ class Pool:
         return self.items[:count]
 
 
-def bench_shape(name, n, k, ms, runs, sweep, emit, key, kernels=None):
+def bench_shape(name, n, k, ms, runs, sweep, emit, key, kernels=None, device=False):
     w_bytes = n * k
     wkey, xkey = jax.random.split(key)
 
@@ -183,18 +208,24 @@ def bench_shape(name, n, k, ms, runs, sweep, emit, key, kernels=None):
         ]
         base = {"shape": name, "M": m, "N": n, "K": k, "reps": reps}
 
-        def record(impl, per_op, base=base):
-            s = stats(per_op)
+        def record(impl, fn, fn_args, base=base, reps=reps):
+            s = stats(time_jax(fn, fn_args, reps, runs))
             t = s["median_us"] * 1e-6
-            emit(
-                {
-                    **base,
-                    "impl": impl,
-                    **s,
-                    "tops": 2 * base["M"] * n * k / t / 1e12,
-                    "weight_tbps": w_bytes / t / 1e12,
+            row = {
+                **base,
+                "impl": impl,
+                **s,
+                "tops": 2 * base["M"] * n * k / t / 1e12,
+                "weight_tbps": w_bytes / t / 1e12,
+            }
+            td = device_time(fn, fn_args, reps) if device else None
+            if td is not None:
+                row |= {
+                    "device_us": td * 1e6,
+                    "device_tops": 2 * base["M"] * n * k / td / 1e12,
+                    "device_weight_tbps": w_bytes / td / 1e12,
                 }
-            )
+            emit(row)
 
         def gemm(x, sx, w, sw):
             return ops.int8_gemm(x, sx, w, sw, out_dtype=jnp.float32)
@@ -202,11 +233,11 @@ def bench_shape(name, n, k, ms, runs, sweep, emit, key, kernels=None):
         args = (xs, s_x, ws.take(reps), s_w.take(reps))
         for var in FORCING:
             os.environ.pop(var, None)
-        record("prism", time_jax(repeated(gemm, reps, "auto"), args, reps, runs))
+        record("prism", repeated(gemm, reps, "auto"), args)
         for v in (kernels or variants_for(m)) if m in sweep else []:
             os.environ.update(forced_env(v))
             try:
-                record("prism:" + v, time_jax(repeated(gemm, reps, v), args, reps, runs))
+                record("prism:" + v, repeated(gemm, reps, v), args)
             finally:
                 for var in FORCING:
                     os.environ.pop(var, None)
@@ -218,17 +249,14 @@ def bench_shape(name, n, k, ms, runs, sweep, emit, key, kernels=None):
 
         i8 = repeated(dot_i8, reps, "i8")
         base["xla_kernel"] = xla_kernel(i8, (xs, ws.take(reps)))
-        record("xla_int8", time_jax(i8, (xs, ws.take(reps)), reps, runs))
+        record("xla_int8", i8, (xs, ws.take(reps)))
         del base["xla_kernel"]
 
         def dot_bf16(x, w):
             return jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())))
 
         xs_bf16 = [x.astype(jnp.bfloat16) for x in xs]
-        record(
-            "xla_bf16",
-            time_jax(repeated(dot_bf16, reps, "bf16"), (xs_bf16, ws_bf16.take(reps)), reps, runs),
-        )
+        record("xla_bf16", repeated(dot_bf16, reps, "bf16"), (xs_bf16, ws_bf16.take(reps)))
         del xs, xs_bf16, args
 
 
@@ -374,6 +402,39 @@ def forced_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def device_table(rows: list[dict]) -> str:
+    """Kernel time per op (--device-time) against cuBLASLt's CUDA-event time; "" without it."""
+    by = {}
+    for r in rows:
+        if "shape" in r and ("device_us" in r or r.get("impl") == "cublaslt"):
+            by.setdefault((r["shape"], r["M"]), {})[r["impl"]] = r
+    lines = [
+        "| shape | M | prism kernel µs | TOP/s | weight TB/s | XLA int8 kernel µs | XLA int8 TOP/s"
+        " | cuBLASLt µs (events) | prism / cuBLASLt |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (shape, m), d in by.items():
+        p, x, c = d.get("prism"), d.get("xla_int8"), d.get("cublaslt")
+        if p is None or "device_us" not in p:
+            continue
+        xs = f"{x['device_us']:.1f} | {x['device_tops']:.0f}" if x else "n/a | n/a"
+        cs = (
+            f"{c['median_us']:.1f} | {c['median_us'] / p['device_us']:.2f}x"
+            if c and "median_us" in c
+            else "n/a | n/a"
+        )
+        lines.append(
+            f"| {shape} | {m} | {p['device_us']:.1f} | {p['device_tops']:.0f}"
+            f" | {p['device_weight_tbps']:.2f} | {xs} | {cs} |"
+        )
+    if len(lines) == 2:
+        return ""
+    return (
+        "\n## Kernel time (--device-time: every kernel of 3 traced runs / 3 R; no host dispatch"
+        " or launch gaps)\n\n" + "\n".join(lines) + "\n"
+    )
+
+
 def markdown(rows: list[dict], command: str) -> str:
     meta = next((r["meta"] for r in rows if "meta" in r), {})
     copy = next((r for r in rows if r.get("impl") == "xla_copy"), None)
@@ -387,7 +448,7 @@ def markdown(rows: list[dict], command: str) -> str:
         head += f"XLA copy in this run: {copy['tbps']:.2f} TB/s (read + written bytes). "
     return (
         head + "\n\n" + table(rows) + "\n## Forced kernels (prism = the dispatch at run time)"
-        "\n\nTOP/s, or weight TB/s at M <= 16.\n\n" + forced_table(rows)
+        "\n\nTOP/s, or weight TB/s at M <= 16.\n\n" + forced_table(rows) + device_table(rows)
     )
 
 
@@ -399,6 +460,9 @@ def main() -> int:
     parser.add_argument("--sweep-ms", default="", help="with --sweep: only at these M")
     parser.add_argument(
         "--kernels", default="", help="with --sweep: these forced variants (NAME or NAME@m4)"
+    )
+    parser.add_argument(
+        "--device-time", action="store_true", help="also each op's kernel time from a trace"
     )
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--ms", default=",".join(map(str, MS)))
@@ -456,9 +520,8 @@ def main() -> int:
             sweep = set(map(int, args.sweep_ms.split(","))) if args.sweep_ms else set(ms)
             sweep = sweep if args.sweep else set()
             kernels = [v for v in args.kernels.split(",") if v]
-            bench_shape(
-                name, n, k, ms, args.runs, sweep, emit, jax.random.fold_in(key, n * k), kernels
-            )
+            key_nk = jax.random.fold_in(key, n * k)
+            bench_shape(name, n, k, ms, args.runs, sweep, emit, key_nk, kernels, args.device_time)
     if not args.no_torch:
         bench_torch(shapes, ms, args.runs, emit)
     sink.close()

@@ -31,7 +31,7 @@ def test_forced_env_names_kernel_and_tile_order():
 def test_smoke_run_writes_every_implementation(tmp_path):
     kernels = "simt,sm90_coop_128x256x128_c2x1@m2"
     args = ["--platform", "cpu", "--shapes", "tiny", "--ms", "8", "--runs", "2", "--no-torch",
-            "--sweep", "--kernels", kernels, "--out", str(tmp_path)]  # fmt: skip
+            "--sweep", "--kernels", kernels, "--device-time", "--out", str(tmp_path)]  # fmt: skip
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
@@ -43,5 +43,41 @@ def test_smoke_run_writes_every_implementation(tmp_path):
     xla = next(r for r in rows if r.get("impl") == "xla_int8")
     assert isinstance(xla["xla_kernel"], str) and xla["xla_kernel"]
     assert all(r["median_us"] > 0 for r in rows if "median_us" in r)
+    # --device-time on the CPU: no kernels in the trace, so no kernel time and no such table.
+    assert not any("device_us" in r for r in rows)
     table = (tmp_path / "gemm.md").read_text()
     assert "| tiny | 8 |" in table and "sm90_coop_128x256x128_c2x1@m2" in table
+    assert "## Kernel time" not in table
+
+
+def test_device_time_divides_traced_kernel_time_by_runs_and_reps():
+    import jax.numpy as jnp
+
+    calls = []
+
+    def fn(x):
+        calls.append(1)
+        return x + 1
+
+    def traced(kernels: dict[str, float], source: str):
+        return lambda _dir: (kernels, {}, source)
+
+    reps = 5
+    got = gemm_bench.device_time(fn, (jnp.ones(4),), reps, traced({"a": 2e6, "b": 1e6}, "gpu"))
+    assert got == pytest.approx(3e6 * 1e-9 / (gemm_bench.DEVICE_RUNS * reps))
+    assert len(calls) == 1 + gemm_bench.DEVICE_RUNS  # a warm-up call, then the traced runs
+    assert gemm_bench.device_time(fn, (jnp.ones(4),), reps, traced({"t": 5.0}, "cpu")) is None
+
+
+def test_device_table_against_cublaslt_events():
+    base = {"shape": "qkv", "M": 64, "N": 8192, "K": 5376}
+    rows = [
+        {**base, "impl": "prism", "median_us": 30.0, "device_us": 15.0, "device_tops": 376.0,
+         "device_weight_tbps": 2.94},
+        {**base, "impl": "xla_int8", "median_us": 31.0, "device_us": 16.0, "device_tops": 352.0,
+         "device_weight_tbps": 2.75},
+        {**base, "impl": "cublaslt", "median_us": 22.5},
+    ]  # fmt: skip
+    table = gemm_bench.device_table(rows)
+    assert "| qkv | 64 | 15.0 | 376 | 2.94 | 16.0 | 352 | 22.5 | 1.50x |" in table
+    assert gemm_bench.device_table([r for r in rows if r["impl"] == "cublaslt"]) == ""
