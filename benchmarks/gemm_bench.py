@@ -321,24 +321,23 @@ def _time_int_mm(torch, xs, ws, runs) -> list[float]:
     return per_op
 
 
-def copy_bandwidth(emit, runs, size=1 << 30):
+def copy_bandwidth(emit, runs, size=1 << 30, device=False):
     """XLA elementwise x_i + 1 over `size` bytes of float32, each call its own x_i (with one
     shared input, XLA fuses the calls into one multi-output kernel that reads x once): read +
     written bytes. Float32, not int8: XLA's int8 elementwise kernels reach ~1.5 TB/s on the H200
-    (one byte per thread), well under the ~3.6 TB/s of 4-byte elements, so they are no ceiling."""
+    (one byte per thread), well under the ~3.6 TB/s of 4-byte elements, so they are no ceiling.
+    device: also its kernel time (device_time), the ceiling for ops timed the same way."""
     reps = 4
     xs = [jnp.full((size // 4,), i + 3, jnp.float32) for i in range(reps)]
     fn = jax.jit(lambda *a: [x + 1.0 for x in a])
     per_op = time_jax(fn, tuple(xs), reps, runs)
     s = stats(per_op)
-    emit(
-        {
-            "impl": "xla_copy",
-            "bytes": 2 * size,
-            **s,
-            "tbps": 2 * size / (s["median_us"] * 1e-6) / 1e12,
-        }
-    )
+    row = {"impl": "xla_copy", "bytes": 2 * size, **s}
+    row["tbps"] = 2 * size / (s["median_us"] * 1e-6) / 1e12
+    td = device_time(fn, tuple(xs), reps) if device else None
+    if td is not None:
+        row |= {"device_us": td * 1e6, "device_tbps": 2 * size / td / 1e12}
+    emit(row)
 
 
 def table(rows: list[dict]) -> str:
@@ -514,7 +513,8 @@ def main() -> int:
 
     emit({"meta": meta})
     with jax.default_device(gpu):
-        copy_bandwidth(emit, args.runs, 1 << 30 if args.platform == "gpu" else 1 << 20)
+        size = 1 << 30 if args.platform == "gpu" else 1 << 20
+        copy_bandwidth(emit, args.runs, size, args.device_time)
         key = jax.random.key(0)
         for name, (n, k) in shapes.items():
             sweep = set(map(int, args.sweep_ms.split(","))) if args.sweep_ms else set(ms)

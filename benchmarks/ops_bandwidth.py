@@ -18,8 +18,10 @@ Bytes = every input read once plus every output written once. Each timed run is 
 applying the op R times, call i to its own inputs (XLA can neither merge nor deduplicate calls,
 and inputs are not re-read from L2), R sized for ~2 ms of device time; per-op time = run / R,
 median and min-max over --runs. Copy: XLA's x_i + 1 over 1 GiB of float32 (4-byte elements: an
-int8 x + 1 runs at a third of this, so it is no ceiling), bytes read + written. Writes
-ops_bandwidth.jsonl under --out; `--render FILE` prints its table.
+int8 x + 1 runs at a third of this, so it is no ceiling), bytes read + written. --device-time
+adds every op's and the copy's kernel time (gemm_bench.device_time: the kernels of 3 traced
+runs, no host dispatch or launch gaps) and its share of the copy's, both timed the same way.
+Writes ops_bandwidth.jsonl under --out; `--render FILE` prints its table.
 """
 
 from __future__ import annotations
@@ -34,7 +36,14 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from gemm_bench import copy_bandwidth, repeated, reps_for, stats, time_jax  # noqa: E402
+from gemm_bench import (  # noqa: E402
+    copy_bandwidth,
+    device_time,
+    repeated,
+    reps_for,
+    stats,
+    time_jax,
+)
 
 from prism_jax import ops  # noqa: E402
 
@@ -42,6 +51,7 @@ D, F, V, C = 5376, 21504, 262_208, 16
 COPY_BYTES = 1 << 30
 BIG_INPUTS = 24 << 30  # inputs of one timed run at most: fewer calls when they would exceed it
 DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
+DEVICE = {"time": False}  # --device-time, read by run_op
 
 
 def run_op(name, fn, make_inputs, in_bytes, out_bytes, emit, runs, **meta):
@@ -50,11 +60,15 @@ def run_op(name, fn, make_inputs, in_bytes, out_bytes, emit, runs, **meta):
     reps = max(2, min(reps, BIG_INPUTS // max(in_bytes, 1)))
     calls = [make_inputs(i) for i in range(reps)]
     inputs = tuple(list(arg) for arg in zip(*calls, strict=True))  # argument-major, as repeated
-    per_op = time_jax(repeated(fn, reps, f"{name}:{meta.pop('tag', '')}"), inputs, reps, runs)
-    s = stats(per_op)
+    jitted = repeated(fn, reps, f"{name}:{meta.pop('tag', '')}")
+    s = stats(time_jax(jitted, inputs, reps, runs))
     total = in_bytes + out_bytes
-    emit({"op": name, **meta, "bytes": total, **s, "reps": reps,
-          "tbps": total / (s["median_us"] * 1e-6) / 1e12})  # fmt: skip
+    row = {"op": name, **meta, "bytes": total, **s, "reps": reps,
+           "tbps": total / (s["median_us"] * 1e-6) / 1e12}  # fmt: skip
+    td = device_time(jitted, inputs, reps) if DEVICE["time"] else None
+    if td is not None:
+        row |= {"device_us": td * 1e6, "device_tbps": total / td / 1e12}
+    emit(row)
     del calls, inputs
 
 
@@ -133,19 +147,27 @@ def head_ops(rows: list[int], emit, runs, normal, key) -> None:
 
 def render(path: pathlib.Path) -> str:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    copy = next(r["tbps"] for r in rows if r["op"] == "xla_copy_f32")
-    out = [f"Copy ceiling (XLA f32 x + 1, read + written): {copy:.2f} TB/s.", "",
-           "| op | shape | dtype | kernel | µs median (min-max) | TB/s | % of copy |",
-           "|---|---|---|---|---|---|---|"]  # fmt: skip
+    copy_row = next(r for r in rows if r["op"] == "xla_copy_f32")
+    copy, kcopy = copy_row["tbps"], copy_row.get("device_tbps")
+    head = f"Copy ceiling (XLA f32 x + 1, read + written): {copy:.2f} TB/s"
+    cols = "| op | shape | dtype | kernel | µs median (min-max) | TB/s | % of copy |"
+    if kcopy:
+        head += f"; in kernel time {kcopy:.2f} TB/s"
+        cols += " kernel µs | kernel TB/s | % of kernel-time copy |"
+    out = [head + ".", "", cols, "|---" * cols.count(" | ") + "|---|"]
     for r in rows:
         if r["op"] == "xla_copy_f32":
             continue
         shape = f"M = {r['M']}" if "M" in r else f"R = {r['R']}"
-        out.append(
+        line = (
             f"| {r['op']} | {shape} | {r.get('dtype', '')} | {r.get('kernel', '')} | "
             f"{r['median_us']:.1f} ({r['min_us']:.1f}-{r['max_us']:.1f}) | {r['tbps']:.2f} | "
             f"{100 * r['tbps'] / copy:.0f} % |"
         )
+        if kcopy and "device_us" in r:
+            line += f" {r['device_us']:.1f} | {r['device_tbps']:.2f} | "
+            line += f"{100 * r['device_tbps'] / kcopy:.0f} % |"
+        out.append(line)
     return "\n".join(out) + "\n"
 
 
@@ -160,7 +182,9 @@ def main() -> int:
     p.add_argument("--glu-caches", default="", help="forced PRISM_GLU_CACHE settings (on, off)")
     p.add_argument("--render", help="print the table of an ops_bandwidth.jsonl and exit")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (script check)")
+    p.add_argument("--device-time", action="store_true", help="also kernel times from a trace")
     args = p.parse_args()
+    DEVICE["time"] = args.device_time
     if args.smoke:
         global D, F, V, COPY_BYTES
         D, F, V, COPY_BYTES = 512, 1024, 4096, 1 << 20
@@ -190,7 +214,8 @@ def main() -> int:
     caches = [c for c in args.glu_caches.split(",") if c]
     with jax.default_device(gpu):
         # gemm_bench's float32 x + 1, each call its own input; named here as the table reads it.
-        copy_bandwidth(lambda row: emit({"op": "xla_copy_f32", **row}), args.runs, COPY_BYTES)
+        copy_emit = lambda row: emit({"op": "xla_copy_f32", **row})  # noqa: E731
+        copy_bandwidth(copy_emit, args.runs, COPY_BYTES, args.device_time)
         for name in args.dtypes.split(","):
             for m in ms:
                 forced = kernels if m in (min(ms), max(ms)) else []

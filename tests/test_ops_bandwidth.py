@@ -16,7 +16,7 @@ OPS = {"rmsnorm_quant", "add_rmsnorm_quant", "rmsnorm", "add_rmsnorm", "quantize
 
 def test_smoke_run_covers_every_op_and_forced_variant(tmp_path):
     args = ["--smoke", "--out", str(tmp_path), "--ms", "4,8", "--rows", "4", "--runs", "2",
-            "--norm-kernels", "reg1", "--glu-caches", "off"]  # fmt: skip
+            "--norm-kernels", "reg1", "--glu-caches", "off", "--device-time"]  # fmt: skip
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
@@ -37,3 +37,23 @@ def test_smoke_run_covers_every_op_and_forced_variant(tmp_path):
     table = (tmp_path / "ops_bandwidth.md").read_text()
     assert "Copy ceiling" in table and "% of copy" in table
     assert table.count("\n| ") == len(rows) - 1 + 1  # a row per measurement but the copy, header
+
+
+def test_render_adds_kernel_time_against_the_kernel_time_copy(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import ops_bandwidth  # noqa: PLC0415
+
+    rows = [
+        {"op": "xla_copy_f32", "bytes": 2 << 30, "median_us": 600.0, "min_us": 590.0,
+         "max_us": 610.0, "tbps": 3.5, "device_us": 560.0, "device_tbps": 4.0},
+        {"op": "rmsnorm_quant", "M": 4096, "dtype": "float32", "kernel": "default", "bytes": 1,
+         "median_us": 100.0, "min_us": 99.0, "max_us": 101.0, "tbps": 1.75, "device_us": 70.0,
+         "device_tbps": 3.2},
+    ]  # fmt: skip
+    path = tmp_path / "ops_bandwidth.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = ops_bandwidth.render(path)
+    assert "in kernel time 4.00 TB/s" in table
+    assert "| 1.75 | 50 % | 70.0 | 3.20 | 80 % |" in table
+    header, rule = table.splitlines()[2:4]
+    assert header.count(" | ") + 1 == rule.count("---") == 10
