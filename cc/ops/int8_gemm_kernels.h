@@ -31,8 +31,12 @@ enum class Sm90Tile {
   kCoop128x256C1,  // cooperative 128x256x128 without a cluster (any SM takes any tile)
   kCoop128x192,    // cooperative 128x192x128, cluster 2x1: N = 5376 is 28 tiles, 43008 224
   kStreamK128x192,  // cooperative 128x192x128 with the stream-K scheduler (needs workspace)
+  // Swapped, 64 weight rows per tile (int8_gemm_sm90_variants.cu too): twice the 128-row tile's
+  // CTAs for the narrow weights (qkv 128, o and down 84), which leave SMs idle at small M.
+  kSwapPing64x32,  // ping-pong, 64 weight rows x 32 tokens x 128, cluster 2x1
+  kSwapPing64x64,  // ping-pong, 64 weight rows x 64 tokens x 128, cluster 2x1
 };
-constexpr int kSm90TileCount = 12;
+constexpr int kSm90TileCount = 14;
 const char* Sm90TileName(Sm90Tile tile);
 
 // The persistent schedulers' tile order: raster 'm' (consecutive tiles walk along M), 'n', or 0

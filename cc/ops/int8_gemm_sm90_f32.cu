@@ -17,6 +17,8 @@ const char* Sm90TileName(Sm90Tile tile) {
     case Sm90Tile::kCoop128x256C1: return "sm90_coop_128x256x128_c1x1";
     case Sm90Tile::kCoop128x192: return "sm90_coop_128x192x128_c2x1";
     case Sm90Tile::kStreamK128x192: return "sm90_streamk_128x192x128_c2x1";
+    case Sm90Tile::kSwapPing64x32: return "sm90_swap_ping_64x32x128_c2x1";
+    case Sm90Tile::kSwapPing64x64: return "sm90_swap_ping_64x64x128_c2x1";
   }
   return "?";
 }
@@ -58,6 +60,8 @@ cudaError_t RunSm90<float>(Sm90Tile tile, cudaStream_t stream, const int8_t* x, 
     case Sm90Tile::kPing128x128:
     case Sm90Tile::kCoop128x256C1:
     case Sm90Tile::kCoop128x192:
+    case Sm90Tile::kSwapPing64x32:
+    case Sm90Tile::kSwapPing64x64:
       return RunSm90Variant(tile, stream, x, sx, w, sw, y, m, k, n, order);
   }
   return cudaErrorNotSupported;
