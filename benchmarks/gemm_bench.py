@@ -57,6 +57,8 @@ SM90 = (
     "sm90_coop_128x128x128_c2x1",
     "sm90_swap_ping_128x64x128_c2x1",
     "sm90_coop_128x192x128_c2x1",
+    "sm90_swap_ping_64x32x128_c2x1",
+    "sm90_swap_ping_64x64x128_c2x1",
 )
 STREAMK = (
     "sm90_streamk_128x128x128_c2x1",
@@ -70,7 +72,7 @@ def variants_for(m: int) -> list[str]:
     if m <= 16:
         return list(DECODE)
     if m <= 64:
-        return ["decode16", "decode32", SM90[3], SM90[2], STREAMK[0]]
+        return ["decode32", SM90[3], SM90[5], SM90[6], "sm90_splitk_swap_128x64x128_c2x1"]
     if m <= 256:
         return [SM90[3], SM90[2], SM90[1], SM90[0], *STREAMK]
     return [SM90[0], SM90[1], SM90[2], SM90[4], *STREAMK, SM90[4] + "@m4"]

@@ -170,6 +170,12 @@ cudaError_t LaunchSimt(cudaStream_t stream, const int8_t* x, const float* sx, co
 // raster along M with swizzle 4 (1098-1146 vs 1017-1052; 1408-1412 vs 1324-1378), which halves
 // them at M <= 512. Variants that lost or tied everywhere: 256x128 with a 1x2 cluster, 128x256
 // without a cluster, ping-pong 128x128 (only M = 512-1024 qkv within noise of the best).
+// At M <= 64, kernel time (gemm_bench --device-time, results/gemm_h200_session9/small_m_b/):
+// swapped tiles of 64 weight rows give qkv, o and down twice the CTAs of the 128-row tile. 64x32
+// at M = 16 / 32: qkv 15.2 / 14.6 µs vs 17.1 / 17.2, o 10.1 / 9.9 vs 11.4 / 11.6, down 34.7 /
+// 32.7 vs 38.8 / 39.2 (split-K); 64x64 at M = 64: qkv 15.2 vs 15.7, o 10.1 vs 11.6, down 32.5
+// vs 37.1. gate_up (336 tiles of 128 rows already) keeps the 128x64 tile (60.8-64.2 µs, the
+// 64-row tiles 61.1-84.7). Decode stays at M <= 8: qkv and o 13.8 / 8.9 µs at M = 1.
 struct Bucket {
   int64_t max_m;
   int decode_rows;
@@ -183,8 +189,10 @@ constexpr int64_t kLongK = 8192;   // down (K = 21504)
 constexpr int64_t kMidN = 8192;    // qkv (N = 8192) and gate_up, not o (N = 5376)
 constexpr Bucket kBucketsF32[] = {
     {8, 32, Sm90Tile::kSwap128x64},
-    {64, 0, Sm90Tile::kSplitKSwap128x64, 0, kLongK},
-    {64, 0, Sm90Tile::kSwap128x64},
+    {32, 0, Sm90Tile::kSwap128x64, kWideN},
+    {32, 0, Sm90Tile::kSwapPing64x32},
+    {64, 0, Sm90Tile::kSwap128x64, kWideN},
+    {64, 0, Sm90Tile::kSwapPing64x64},
     {128, 0, Sm90Tile::kPing64x256, kWideN},
     {128, 0, Sm90Tile::kSwap128x64},
     {256, 0, Sm90Tile::kCoop128x256, kWideN},
