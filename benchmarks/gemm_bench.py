@@ -63,7 +63,6 @@ SM90 = (
 STREAMK = (
     "sm90_streamk_128x128x128_c2x1",
     "sm90_streamk_128x256x128_c2x1",
-    "sm90_streamk_128x192x128_c2x1",
 )
 
 

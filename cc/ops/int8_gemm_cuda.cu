@@ -169,7 +169,8 @@ cudaError_t LaunchSimt(cudaStream_t stream, const int8_t* x, const float* sx, co
 // ping-pong 870-920; at 512-4096 within 5 % of the best tile). At M = 4096 o and down gain from
 // raster along M with swizzle 4 (1098-1146 vs 1017-1052; 1408-1412 vs 1324-1378), which halves
 // them at M <= 512. Variants that lost or tied everywhere: 256x128 with a 1x2 cluster, 128x256
-// without a cluster, ping-pong 128x128 (only M = 512-1024 qkv within noise of the best).
+// without a cluster, ping-pong 128x128 (only M = 512-1024 qkv within noise of the best) and
+// stream-K 128x192 were measured and removed.
 // At M <= 64, kernel time (gemm_bench --device-time, results/gemm_h200_session9/small_m_b/):
 // swapped tiles of 64 weight rows give qkv, o and down twice the CTAs of the 128-row tile. 64x32
 // at M = 16 / 32: qkv 15.2 / 14.6 µs vs 17.1 / 17.2, o 10.1 / 9.9 vs 11.4 / 11.6, down 34.7 /
@@ -273,7 +274,6 @@ Sm90Tile DataParallelTwin(Sm90Tile tile) {
     case Sm90Tile::kStreamK128x128: return Sm90Tile::kCoop128x128;
     case Sm90Tile::kStreamK128x256: return Sm90Tile::kCoop128x256;
     case Sm90Tile::kSplitKSwap128x64: return Sm90Tile::kSwap128x64;
-    case Sm90Tile::kStreamK128x192: return Sm90Tile::kCoop128x192;
     default: return tile;
   }
 }

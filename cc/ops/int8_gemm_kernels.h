@@ -25,18 +25,14 @@ enum class Sm90Tile {
   // Swapped 128x64x128, cooperative, split-K: each tile's K split across peers when the
   // weight-row tiles are far fewer than the SMs (down at small M; needs workspace).
   kSplitKSwap128x64,
-  // Data-parallel variants (int8_gemm_sm90_variants.cu), for the per-M choice:
-  kCoop256x128,    // cooperative 256x128x128, cluster 1x2 (x multicast): one M tile up to 256
-  kPing128x128,    // ping-pong 128x128x128, cluster 2x1: each warp group its own 128x128 tile
-  kCoop128x256C1,  // cooperative 128x256x128 without a cluster (any SM takes any tile)
+  // Data-parallel tiles of int8_gemm_sm90_variants.cu, for the per-M choice:
   kCoop128x192,    // cooperative 128x192x128, cluster 2x1: N = 5376 is 28 tiles, 43008 224
-  kStreamK128x192,  // cooperative 128x192x128 with the stream-K scheduler (needs workspace)
-  // Swapped, 64 weight rows per tile (int8_gemm_sm90_variants.cu too): twice the 128-row tile's
-  // CTAs for the narrow weights (qkv 128, o and down 84), which leave SMs idle at small M.
+  // Swapped, 64 weight rows per tile: twice the 128-row tile's CTAs for the narrow weights
+  // (qkv 128, o and down 84), which leave SMs idle at small M.
   kSwapPing64x32,  // ping-pong, 64 weight rows x 32 tokens x 128, cluster 2x1
   kSwapPing64x64,  // ping-pong, 64 weight rows x 64 tokens x 128, cluster 2x1
 };
-constexpr int kSm90TileCount = 14;
+constexpr int kSm90TileCount = 10;
 const char* Sm90TileName(Sm90Tile tile);
 
 // The persistent schedulers' tile order: raster 'm' (consecutive tiles walk along M), 'n', or 0
@@ -57,9 +53,9 @@ bool Sm90Supports(const void* x, const void* w, const void* y, int64_t k, int64_
 template <typename OutT>
 cudaError_t RunSm90(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
                     const int8_t* w, const float* sw, OutT* y, int64_t m, int64_t k, int64_t n,
-                    void* workspace, size_t workspace_bytes, Sm90Order order = {});
+                    void* workspace, size_t workspace_bytes, Sm90Order order);
 
-// The data-parallel variants, float32 output (int8_gemm_sm90_variants.cu): same contract.
+// The tiles of int8_gemm_sm90_variants.cu, float32 output (int8_gemm_sm90_variants.cu): same contract.
 cudaError_t RunSm90Variant(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
                            const int8_t* w, const float* sw, float* y, int64_t m, int64_t k,
                            int64_t n, Sm90Order order);

@@ -72,14 +72,9 @@ using CfgStreamK128x256 =
     Config<Shape<_128, _256, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, false, true>;
 using CfgSplitKSwap128x64 =
     Config<Shape<_128, _64, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, true, true, true>;
-using CfgCoop256x128 = Config<Shape<_256, _128, _128>, Shape<_1, _2, _1>, Coop, EpiCoop, false>;
-using CfgPing128x128 = Config<Shape<_128, _128, _128>, Shape<_2, _1, _1>, Ping, EpiPing, false>;
-using CfgCoop128x256C1 = Config<Shape<_128, _256, _128>, Shape<_1, _1, _1>, Coop, EpiCoop, false>;
 using CfgCoop128x192 = Config<Shape<_128, _192, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, false>;
 using CfgSwapPing64x32 = Config<Shape<_64, _32, _128>, Shape<_2, _1, _1>, Ping, EpiPing, true>;
 using CfgSwapPing64x64 = Config<Shape<_64, _64, _128>, Shape<_2, _1, _1>, Ping, EpiPing, true>;
-using CfgStreamK128x192 =
-    Config<Shape<_128, _192, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, false, true>;
 
 // The tile order (Sm90Order) as the persistent schedulers' arguments; 0 keeps the heuristic.
 template <class SchedulerArgs>

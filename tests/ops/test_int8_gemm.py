@@ -100,11 +100,7 @@ CUDA_KERNELS = [
     "sm90_streamk_128x128x128_c2x1",
     "sm90_streamk_128x256x128_c2x1",
     "sm90_splitk_swap_128x64x128_c2x1",
-    "sm90_coop_256x128x128_c1x2",
-    "sm90_ping_128x128x128_c2x1",
-    "sm90_coop_128x256x128_c1x1",
     "sm90_coop_128x192x128_c2x1",
-    "sm90_streamk_128x192x128_c2x1",
     "sm90_swap_ping_64x32x128_c2x1",
     "sm90_swap_ping_64x64x128_c2x1",
 ]
@@ -156,7 +152,6 @@ def test_tile_order_keeps_bits(gpu, rng, monkeypatch, kernel, raster, swizzle):
 STREAMK_KERNELS = [
     "sm90_streamk_128x128x128_c2x1",
     "sm90_streamk_128x256x128_c2x1",
-    "sm90_streamk_128x192x128_c2x1",
     "sm90_splitk_swap_128x64x128_c2x1",
 ]
 STREAMK_SHAPES = [(256, 4112, 392), (130, 21504, 264), (40, 5392, 1032)]
