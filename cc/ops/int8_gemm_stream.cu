@@ -5,9 +5,12 @@
 //
 // Work: units of kRows weight rows x kUnitK bytes of K, numbered slab-major (unit u is slab
 // u / kcs, K chunk u % kcs). One persistent block per SM takes a contiguous run of units, so
-// every SM streams the same bytes (+-1 unit) whatever N is. In a block, a producer warp keeps a
-// ring of kStages shared-memory stages filled with cp.async.bulk (one copy per weight row and
-// per token row of x, completion counted on the stage's `full` mbarrier); 8 consumer warps take
+// every SM streams the same bytes (+-1 unit) whatever N is. In a block, a producer thread keeps
+// a ring of kStages shared-memory stages filled by the tensor-memory accelerator: one 2D box of
+// w (32 rows x 256 bytes) and one of x (kTokens rows) per stage, rows and bytes past the matrix
+// zero-filled, completion counted on the stage's `full` mbarrier. (One 1D bulk copy per row,
+// 33-64 copies of 256 bytes a stage, ran at ~50 ns a copy per SM: 0.4-0.6 TB/s on an H200.)
+// 8 consumer warps take
 // each stage with mma.sync m16n8k32 (warp w: weight rows 16 (w / 4) .. + 16, bytes 64 (w % 4) ..
 // + 64 of the unit) and release it on its `empty` mbarrier.
 //
@@ -21,6 +24,8 @@
 //
 // K order inside a 64-byte chunk: as int8_gemm_decode.cu (lane (g, t) holds bytes 16t .. 16t+15
 // of rows g and g + 8 and of token g; the same permutation of k for w and x).
+#include <cuda.h>  // CUtensorMap; the encoder comes from the runtime's driver entry point
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -40,7 +45,7 @@ constexpr int kThreads = kConsumers + kWarpSize;  // + the producer warp
 constexpr int kRows = 32;                          // weight rows per unit: two m16 tiles
 constexpr int kUnitK = 256;                        // K bytes per unit
 constexpr int kChunks = kUnitK / 64;               // 64-byte chunks per unit row
-constexpr int kPitch = kUnitK + 64;  // shared row pitch: rows g and g + 1 on disjoint banks
+constexpr int kPitch = kUnitK;  // a box row in shared memory (dense: 2-way bank conflicts)
 constexpr int kMaxTokens = 32;
 constexpr int kSmemBudget = 200 * 1024;  // ring bytes: one block per SM, within the 227 KB
 constexpr int kMaxStages = 16;
@@ -55,6 +60,7 @@ template <int kTokens>
 constexpr int Stages() {
   return std::min(kMaxStages, kSmemBudget / StageBytes<kTokens>());
 }
+constexpr int kRingAlign = 1024;  // stage boxes start 128-byte aligned (TMA); margin for it
 
 // ---- mbarrier and bulk copy (PTX ISA 8.0, sm_90) ----
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
@@ -84,13 +90,13 @@ __device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
-// bytes (% 16 == 0) from global src to shared dst (both 16-byte aligned), counted on bar.
-__device__ __forceinline__ void BulkCopy(void* dst, const void* src, uint32_t bytes,
-                                         uint64_t* bar) {
+// The box of `map` at (inner, row) into shared dst (128-byte aligned), counted on bar.
+__device__ __forceinline__ void LoadBox(void* dst, const CUtensorMap& map, int inner, int row,
+                                        uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-          "r"(SmemAddr(dst)),
-      "l"(src), "r"(bytes), "r"(SmemAddr(bar))
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%2, %3}], [%4];" ::"r"(SmemAddr(dst)),
+      "l"(reinterpret_cast<uint64_t>(&map)), "r"(inner), "r"(row), "r"(SmemAddr(bar))
       : "memory");
 }
 __device__ __forceinline__ void ConsumerSync() {
@@ -106,8 +112,8 @@ __device__ __forceinline__ void Mma(int32_t (&d)[4], int a0, int a1, int a2, int
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ int4 LoadShared(const int8_t* p, bool keep) {
-  return keep ? *reinterpret_cast<const int4*>(p) : make_int4(0, 0, 0, 0);
+__device__ __forceinline__ int4 LoadShared(const int8_t* p) {
+  return *reinterpret_cast<const int4*>(p);
 }
 
 // The call's geometry: units, the blocks' runs of them, and the workspace.
@@ -123,37 +129,25 @@ struct Plan {
 
 template <typename OutT>
 struct Io {
-  const int8_t* __restrict__ x;
   const float* __restrict__ sx;
-  const int8_t* __restrict__ w;
   const float* __restrict__ sw;
   OutT* __restrict__ y;
 };
 
-// Producer warp: fills the ring, one copy per row present (weight rows past N and token rows
-// past M are not copied; consumers drop or zero them).
-template <int kTokens, typename OutT>
-__device__ void Produce(const Plan& p, const Io<OutT>& io, int8_t* ring, uint64_t* full,
-                        uint64_t* empty, int64_t lo, int64_t hi) {
+// Producer thread: fills the ring. Boxes are whole (zeros past N, M and K), so every stage
+// counts the same bytes.
+template <int kTokens>
+__device__ void Produce(const Plan& p, const CUtensorMap& wmap, const CUtensorMap& xmap,
+                        int8_t* ring, uint64_t* full, uint64_t* empty, int64_t lo, int64_t hi) {
   constexpr int kStages = Stages<kTokens>();
-  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
   for (int64_t u = lo, i = 0; u < hi; ++u, ++i) {
     const int stage = static_cast<int>(i % kStages);
     if (i >= kStages) MbarWait(&empty[stage], static_cast<uint32_t>((i / kStages - 1) & 1));
-    const int64_t slab = u / p.kcs, k0 = (u % p.kcs) * kUnitK;
-    const int bytes = static_cast<int>(std::min<int64_t>(kUnitK, p.k - k0));
-    const int wrows = static_cast<int>(std::min<int64_t>(kRows, p.n - slab * kRows));
-    const int rows = wrows + static_cast<int>(p.m);
-    if (lane == 0) MbarExpectTx(&full[stage], static_cast<uint32_t>(rows * bytes));
-    __syncwarp();
+    const int slab = static_cast<int>(u / p.kcs), k0 = static_cast<int>((u % p.kcs) * kUnitK);
     int8_t* base = ring + static_cast<int64_t>(stage) * StageBytes<kTokens>();
-    for (int r = lane; r < rows; r += kWarpSize) {
-      const bool weight = r < wrows;
-      const int8_t* src = weight ? io.w + (slab * kRows + r) * p.k + k0
-                                 : io.x + static_cast<int64_t>(r - wrows) * p.k + k0;
-      const int at = weight ? r : kRows + (r - wrows);
-      BulkCopy(base + at * kPitch, src, static_cast<uint32_t>(bytes), &full[stage]);
-    }
+    MbarExpectTx(&full[stage], static_cast<uint32_t>(StageBytes<kTokens>()));
+    LoadBox(base, wmap, k0, slab * kRows, &full[stage]);
+    LoadBox(base + kRows * kPitch, xmap, k0, 0, &full[stage]);
   }
 }
 
@@ -228,14 +222,13 @@ __device__ void Consume(const Plan& p, const Io<OutT>& io, const int8_t* ring, u
   for (int64_t u = lo, i = 0; u < hi; ++u, ++i) {
     const int stage = static_cast<int>(i % kStages);
     MbarWait(&full[stage], static_cast<uint32_t>((i / kStages) & 1));
-    const int64_t slab = u / p.kcs, k0 = (u % p.kcs) * kUnitK;
-    const bool live = at < p.k - k0;  // K % 16 == 0: a 16-byte piece is all in or all out
+    const int64_t slab = u / p.kcs;
     const int8_t* base = ring + static_cast<int64_t>(stage) * StageBytes<kTokens>() + at;
-    const int4 w0 = LoadShared(base + (tile * 16 + g) * kPitch, live);
-    const int4 w1 = LoadShared(base + (tile * 16 + g + 8) * kPitch, live);
+    const int4 w0 = LoadShared(base + (tile * 16 + g) * kPitch);  // zeros past N and K
+    const int4 w1 = LoadShared(base + (tile * 16 + g + 8) * kPitch);
 #pragma unroll
     for (int j = 0; j < kTiles; ++j) {
-      const int4 xv = LoadShared(base + (kRows + j * 8 + g) * kPitch, live && j * 8 + g < p.m);
+      const int4 xv = LoadShared(base + (kRows + j * 8 + g) * kPitch);  // zeros past M
       Mma(acc[j], w0.x, w1.x, w0.y, w1.y, xv.x, xv.y);
       Mma(acc[j], w0.z, w1.z, w0.w, w1.w, xv.z, xv.w);
     }
@@ -260,9 +253,12 @@ __device__ void Consume(const Plan& p, const Io<OutT>& io, const int8_t* ring, u
 }
 
 template <int kTokens, typename OutT>
-__global__ void __launch_bounds__(kThreads, 1) StreamKernel(Plan p, Io<OutT> io) {
+__global__ void __launch_bounds__(kThreads, 1)
+    StreamKernel(Plan p, Io<OutT> io, const __grid_constant__ CUtensorMap wmap,
+                 const __grid_constant__ CUtensorMap xmap) {
   constexpr int kStages = Stages<kTokens>();
-  extern __shared__ __align__(128) int8_t ring[];
+  extern __shared__ int8_t smem[];
+  int8_t* ring = smem + (kRingAlign - SmemAddr(smem) % kRingAlign) % kRingAlign;
   __shared__ __align__(8) uint64_t full[kStages];
   __shared__ __align__(8) uint64_t empty[kStages];
   if (threadIdx.x == 0) {
@@ -274,9 +270,9 @@ __global__ void __launch_bounds__(kThreads, 1) StreamKernel(Plan p, Io<OutT> io)
   }
   __syncthreads();  // the last block-wide barrier: the roles split below
   const int64_t lo = p.Lo(blockIdx.x), hi = p.Lo(blockIdx.x + 1);
-  if (threadIdx.x >= kConsumers) {
-    Produce<kTokens>(p, io, ring, full, empty, lo, hi);
-  } else {
+  if (threadIdx.x == kConsumers) {
+    Produce<kTokens>(p, wmap, xmap, ring, full, empty, lo, hi);
+  } else if (threadIdx.x < kConsumers) {
     Consume<kTokens>(p, io, ring, full, empty, lo, hi);
   }
 }
@@ -291,6 +287,37 @@ int SmCount() {
   return sms;
 }
 
+// cuTensorMapEncodeTiled, from the driver through the runtime (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static const auto fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      f = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// The [rows, k] int8 matrix at base (16-byte aligned, k % 16 == 0) in boxes of box_rows x kUnitK
+// bytes, zeros outside it.
+bool EncodeBoxes(CUtensorMap* map, const int8_t* base, int64_t rows, int64_t k, int box_rows) {
+  const auto encode = TensorMapEncoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k)};  // bytes between rows
+  const cuuint32_t box[2] = {kUnitK, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t steps[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<int8_t*>(base), dims, strides,
+                box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 constexpr int64_t kCounterAlign = 256;
 
 int64_t TokensFor(int64_t m) { return m <= 8 ? 8 : m <= 16 ? 16 : 32; }
@@ -302,8 +329,12 @@ int64_t WorkspaceFor(int64_t m, int64_t n, int64_t blocks) {
 }
 
 template <int kTokens, typename OutT>
-cudaError_t Launch(cudaStream_t stream, const Io<OutT>& io, int64_t m, int64_t k, int64_t n,
-                   void* workspace, size_t workspace_bytes) {
+cudaError_t Launch(cudaStream_t stream, const int8_t* x, const int8_t* w, const Io<OutT>& io,
+                   int64_t m, int64_t k, int64_t n, void* workspace, size_t workspace_bytes) {
+  CUtensorMap wmap, xmap;
+  if (!EncodeBoxes(&wmap, w, n, k, kRows) || !EncodeBoxes(&xmap, x, m, k, kTokens)) {
+    return cudaErrorNotSupported;
+  }
   Plan p{m, k, n, CeilDiv(n, kRows), CeilDiv(k, kUnitK), 0, 0, nullptr, nullptr};
   p.units = p.slabs * p.kcs;
   int64_t blocks = std::min<int64_t>(p.units, std::max(1, SmCount()));
@@ -317,14 +348,15 @@ cudaError_t Launch(cudaStream_t stream, const Io<OutT>& io, int64_t m, int64_t k
   p.counters = static_cast<int32_t*>(workspace);
   const int64_t counter_bytes = CeilDiv(p.slabs * 4, kCounterAlign) * kCounterAlign;
   p.slots = reinterpret_cast<int32_t*>(static_cast<int8_t*>(workspace) + counter_bytes);
-  constexpr int smem = Stages<kTokens>() * StageBytes<kTokens>();
+  constexpr int smem = Stages<kTokens>() * StageBytes<kTokens>() + kRingAlign;
   if (auto e = cudaFuncSetAttribute(StreamKernel<kTokens, OutT>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       e != cudaSuccess) {
     return e;
   }
   if (auto e = cudaMemsetAsync(p.counters, 0, p.slabs * 4, stream); e != cudaSuccess) return e;
-  StreamKernel<kTokens, OutT><<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p, io);
+  StreamKernel<kTokens, OutT><<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
+      p, io, wmap, xmap);
   return cudaGetLastError();
 }
 
@@ -348,10 +380,10 @@ cudaError_t RunStream(cudaStream_t stream, const int8_t* x, const float* sx, con
                       const float* sw, OutT* y, int64_t m, int64_t k, int64_t n, void* workspace,
                       size_t workspace_bytes) {
   if (!StreamSupports(x, w, m, k) || k < 16) return cudaErrorNotSupported;
-  const Io<OutT> io{x, sx, w, sw, y};
-  if (m <= 8) return Launch<8>(stream, io, m, k, n, workspace, workspace_bytes);
-  if (m <= 16) return Launch<16>(stream, io, m, k, n, workspace, workspace_bytes);
-  return Launch<32>(stream, io, m, k, n, workspace, workspace_bytes);
+  const Io<OutT> io{sx, sw, y};
+  if (m <= 8) return Launch<8>(stream, x, w, io, m, k, n, workspace, workspace_bytes);
+  if (m <= 16) return Launch<16>(stream, x, w, io, m, k, n, workspace, workspace_bytes);
+  return Launch<32>(stream, x, w, io, m, k, n, workspace, workspace_bytes);
 }
 
 template cudaError_t RunStream<float>(cudaStream_t, const int8_t*, const float*, const int8_t*,
