@@ -7,12 +7,12 @@
 // u / kcs, K chunk u % kcs). One persistent block per SM takes a contiguous run of units, so
 // every SM streams the same bytes (+-1 unit) whatever N is. In a block, a producer thread keeps
 // a ring of kStages shared-memory stages filled by the tensor-memory accelerator: one 2D box of
-// w (32 rows x 256 bytes) and one of x (kTokens rows) per stage, rows and bytes past the matrix
-// zero-filled, completion counted on the stage's `full` mbarrier. (One 1D bulk copy per row,
-// 33-64 copies of 256 bytes a stage, ran at ~50 ns a copy per SM: 0.4-0.6 TB/s on an H200.)
-// 8 consumer warps take
-// each stage with mma.sync m16n8k32 (warp w: weight rows 16 (w / 4) .. + 16, bytes 64 (w % 4) ..
-// + 64 of the unit) and release it on its `empty` mbarrier.
+// w (32 rows x 1 KB) and one of x (kTokens rows) per stage, rows and bytes past the matrix
+// zero-filled, completion counted on the stage's `full` mbarrier. (On an H200 the TMA took
+// ~0.5 us a stage whatever its size: one 1D bulk copy per 256-byte row ran at 0.4-0.6 TB/s,
+// boxes of 32 rows x 256 bytes at 1.0-2.1 TB/s.) 8 consumer warps take each stage with mma.sync
+// m16n8k32 (warp w: weight rows 16 (w / 4) .. + 16, the 64-byte chunks w % 4 + 4 q of the unit)
+// and release it on its `empty` mbarrier.
 //
 // Sums are int32 and exact in any order. At the end of a slab (or of the block's run) the
 // warps add their fragments in shared memory. A slab the block covered whole is written out
@@ -43,14 +43,17 @@ constexpr int kConsumerWarps = 8;
 constexpr int kConsumers = kConsumerWarps * kWarpSize;
 constexpr int kThreads = kConsumers + kWarpSize;  // + the producer warp
 constexpr int kRows = 32;                          // weight rows per unit: two m16 tiles
-constexpr int kUnitK = 256;                        // K bytes per unit
+constexpr int kUnitK = 1024;                       // K bytes per unit
 constexpr int kChunks = kUnitK / 64;               // 64-byte chunks per unit row
+constexpr int kBoxElem = 8;  // the maps' element: 8 bytes, so a 128-element box row is 1 KB
 constexpr int kPitch = kUnitK;  // a box row in shared memory (dense: 2-way bank conflicts)
 constexpr int kMaxTokens = 32;
 constexpr int kSmemBudget = 200 * 1024;  // ring bytes: one block per SM, within the 227 KB
 constexpr int kMaxStages = 16;
 constexpr int kConsumerBarrier = 1;  // named barrier of the consumer warps (0: __syncthreads)
-static_assert(kConsumerWarps == 2 * kChunks, "one (tile, chunk) pair per consumer warp");
+constexpr int kWarpsPerTile = kConsumerWarps / 2;          // warps on each m16 tile of a unit
+constexpr int kChunksPerWarp = kChunks / kWarpsPerTile;    // warp w: chunks w % 4 + 4 q
+static_assert(kChunks % kWarpsPerTile == 0, "a unit row's chunks split evenly over the warps");
 
 template <int kTokens>
 constexpr int StageBytes() {
@@ -146,8 +149,8 @@ __device__ void Produce(const Plan& p, const CUtensorMap& wmap, const CUtensorMa
     const int slab = static_cast<int>(u / p.kcs), k0 = static_cast<int>((u % p.kcs) * kUnitK);
     int8_t* base = ring + static_cast<int64_t>(stage) * StageBytes<kTokens>();
     MbarExpectTx(&full[stage], static_cast<uint32_t>(StageBytes<kTokens>()));
-    LoadBox(base, wmap, k0, slab * kRows, &full[stage]);
-    LoadBox(base + kRows * kPitch, xmap, k0, 0, &full[stage]);
+    LoadBox(base, wmap, k0 / kBoxElem, slab * kRows, &full[stage]);
+    LoadBox(base + kRows * kPitch, xmap, k0 / kBoxElem, 0, &full[stage]);
   }
 }
 
@@ -217,20 +220,24 @@ __device__ void Consume(const Plan& p, const Io<OutT>& io, const int8_t* ring, u
   ConsumerSync();
   const int warp = static_cast<int>(threadIdx.x / kWarpSize);
   const int lane = static_cast<int>(threadIdx.x % kWarpSize), g = lane / 4, t = lane % 4;
-  const int tile = warp / kChunks, at = 64 * (warp % kChunks) + 16 * t;
+  const int tile = warp / kWarpsPerTile, at = 64 * (warp % kWarpsPerTile) + 16 * t;
   int32_t acc[kTiles][4] = {};
   for (int64_t u = lo, i = 0; u < hi; ++u, ++i) {
     const int stage = static_cast<int>(i % kStages);
     MbarWait(&full[stage], static_cast<uint32_t>((i / kStages) & 1));
     const int64_t slab = u / p.kcs;
-    const int8_t* base = ring + static_cast<int64_t>(stage) * StageBytes<kTokens>() + at;
-    const int4 w0 = LoadShared(base + (tile * 16 + g) * kPitch);  // zeros past N and K
-    const int4 w1 = LoadShared(base + (tile * 16 + g + 8) * kPitch);
+    const int8_t* stage_base = ring + static_cast<int64_t>(stage) * StageBytes<kTokens>() + at;
 #pragma unroll
-    for (int j = 0; j < kTiles; ++j) {
-      const int4 xv = LoadShared(base + (kRows + j * 8 + g) * kPitch);  // zeros past M
-      Mma(acc[j], w0.x, w1.x, w0.y, w1.y, xv.x, xv.y);
-      Mma(acc[j], w0.z, w1.z, w0.w, w1.w, xv.z, xv.w);
+    for (int q = 0; q < kChunksPerWarp; ++q) {
+      const int8_t* base = stage_base + 64 * kWarpsPerTile * q;
+      const int4 w0 = LoadShared(base + (tile * 16 + g) * kPitch);  // zeros past N and K
+      const int4 w1 = LoadShared(base + (tile * 16 + g + 8) * kPitch);
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) {
+        const int4 xv = LoadShared(base + (kRows + j * 8 + g) * kPitch);  // zeros past M
+        Mma(acc[j], w0.x, w1.x, w0.y, w1.y, xv.x, xv.y);
+        Mma(acc[j], w0.z, w1.z, w0.w, w1.w, xv.z, xv.w);
+      }
     }
     __syncwarp();
     if (lane == 0) MbarArrive(&empty[stage]);
@@ -304,15 +311,16 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 }
 
 // The [rows, k] int8 matrix at base (16-byte aligned, k % 16 == 0) in boxes of box_rows x kUnitK
-// bytes, zeros outside it.
+// bytes, zeros outside it. Elements of 8 bytes: a box row is at most 256 elements.
 bool EncodeBoxes(CUtensorMap* map, const int8_t* base, int64_t rows, int64_t k, int box_rows) {
   const auto encode = TensorMapEncoder();
   if (encode == nullptr) return false;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k / kBoxElem),
+                              static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k)};  // bytes between rows
-  const cuuint32_t box[2] = {kUnitK, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t box[2] = {kUnitK / kBoxElem, static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t steps[2] = {1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<int8_t*>(base), dims, strides,
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, const_cast<int8_t*>(base), dims, strides,
                 box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
