@@ -6,13 +6,14 @@
 // Work: units of kRows weight rows x kUnitK bytes of K, numbered slab-major (unit u is slab
 // u / kcs, K chunk u % kcs). One persistent block per SM takes a contiguous run of units, so
 // every SM streams the same bytes (+-1 unit) whatever N is. In a block, a producer thread keeps
-// a ring of kStages shared-memory stages filled by the tensor-memory accelerator: one 2D box of
-// w (32 rows x 1 KB) and one of x (kTokens rows) per stage, rows and bytes past the matrix
-// zero-filled, completion counted on the stage's `full` mbarrier. (On an H200 the TMA took
-// ~0.5 us a stage whatever its size: one 1D bulk copy per 256-byte row ran at 0.4-0.6 TB/s,
-// boxes of 32 rows x 256 bytes at 1.0-2.1 TB/s.) 8 consumer warps take each stage with mma.sync
-// m16n8k32 (warp w: weight rows 16 (w / 4) .. + 16, the 64-byte chunks w % 4 + 4 q of the unit)
-// and release it on its `empty` mbarrier.
+// a ring of kStages shared-memory stages filled by the tensor-memory accelerator, one 2D box of
+// w (32 rows x 1 KB, zeros past N and K) a stage, completion counted on the stage's `full`
+// mbarrier. 8 consumer warps take each stage with mma.sync m16n8k32 (warp w: weight rows
+// 16 (w / 4) .. + 16, the 64-byte chunks w % 4 + 4 q of the unit), x's pieces read through L1
+// (issued before the wait), and release it on its `empty` mbarrier. On an H200 the TMA took
+// ~0.5 us a stage at 10-16 KB: one 1D bulk copy per 256-byte row of w and x ran at 0.4-0.6
+// TB/s, boxes of 32 rows x 256 bytes (w, and x in the stage) at 1.0-2.1, of 32 rows x 1 KB at
+// 1.2-3.2 (results/gemm_h200_session10/).
 //
 // Sums are int32 and exact in any order. At the end of a slab (or of the block's run) the
 // warps add their fragments in shared memory. A slab the block covered whole is written out
@@ -56,8 +57,8 @@ constexpr int kChunksPerWarp = kChunks / kWarpsPerTile;    // warp w: chunks w %
 static_assert(kChunks % kWarpsPerTile == 0, "a unit row's chunks split evenly over the warps");
 
 template <int kTokens>
-constexpr int StageBytes() {
-  return (kRows + kTokens) * kPitch;
+constexpr int StageBytes() {  // w only: x is small and hot in L2, read by the consumers
+  return kRows * kPitch;
 }
 template <int kTokens>
 constexpr int Stages() {
@@ -132,6 +133,7 @@ struct Plan {
 
 template <typename OutT>
 struct Io {
+  const int8_t* __restrict__ x;
   const float* __restrict__ sx;
   const float* __restrict__ sw;
   OutT* __restrict__ y;
@@ -140,8 +142,7 @@ struct Io {
 // Producer thread: fills the ring. Boxes are whole (zeros past N, M and K), so every stage
 // counts the same bytes.
 template <int kTokens>
-__device__ void Produce(const Plan& p, const CUtensorMap& wmap, const CUtensorMap& xmap,
-                        int8_t* ring, uint64_t* full, uint64_t* empty, int64_t lo, int64_t hi) {
+__device__ void Produce(const Plan& p, const CUtensorMap& wmap, int8_t* ring, uint64_t* full, uint64_t* empty, int64_t lo, int64_t hi) {
   constexpr int kStages = Stages<kTokens>();
   for (int64_t u = lo, i = 0; u < hi; ++u, ++i) {
     const int stage = static_cast<int>(i % kStages);
@@ -150,7 +151,6 @@ __device__ void Produce(const Plan& p, const CUtensorMap& wmap, const CUtensorMa
     int8_t* base = ring + static_cast<int64_t>(stage) * StageBytes<kTokens>();
     MbarExpectTx(&full[stage], static_cast<uint32_t>(StageBytes<kTokens>()));
     LoadBox(base, wmap, k0 / kBoxElem, slab * kRows, &full[stage]);
-    LoadBox(base + kRows * kPitch, xmap, k0 / kBoxElem, 0, &full[stage]);
   }
 }
 
@@ -224,8 +224,21 @@ __device__ void Consume(const Plan& p, const Io<OutT>& io, const int8_t* ring, u
   int32_t acc[kTiles][4] = {};
   for (int64_t u = lo, i = 0; u < hi; ++u, ++i) {
     const int stage = static_cast<int>(i % kStages);
+    // x's pieces first: their L2 round trip overlaps the wait for the stage.
+    const int64_t slab = u / p.kcs, k0 = (u % p.kcs) * kUnitK + at;
+    int4 xs[kChunksPerWarp][kTiles];
+#pragma unroll
+    for (int q = 0; q < kChunksPerWarp; ++q) {
+      const int64_t kq = k0 + 64 * kWarpsPerTile * q;
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) {
+        const int tok = j * 8 + g;
+        xs[q][j] = tok < p.m && kq < p.k  // K % 16 == 0: a piece is all in or all out
+                       ? __ldg(reinterpret_cast<const int4*>(io.x + tok * p.k + kq))
+                       : make_int4(0, 0, 0, 0);
+      }
+    }
     MbarWait(&full[stage], static_cast<uint32_t>((i / kStages) & 1));
-    const int64_t slab = u / p.kcs;
     const int8_t* stage_base = ring + static_cast<int64_t>(stage) * StageBytes<kTokens>() + at;
 #pragma unroll
     for (int q = 0; q < kChunksPerWarp; ++q) {
@@ -234,7 +247,7 @@ __device__ void Consume(const Plan& p, const Io<OutT>& io, const int8_t* ring, u
       const int4 w1 = LoadShared(base + (tile * 16 + g + 8) * kPitch);
 #pragma unroll
       for (int j = 0; j < kTiles; ++j) {
-        const int4 xv = LoadShared(base + (kRows + j * 8 + g) * kPitch);  // zeros past M
+        const int4 xv = xs[q][j];
         Mma(acc[j], w0.x, w1.x, w0.y, w1.y, xv.x, xv.y);
         Mma(acc[j], w0.z, w1.z, w0.w, w1.w, xv.z, xv.w);
       }
@@ -261,8 +274,7 @@ __device__ void Consume(const Plan& p, const Io<OutT>& io, const int8_t* ring, u
 
 template <int kTokens, typename OutT>
 __global__ void __launch_bounds__(kThreads, 1)
-    StreamKernel(Plan p, Io<OutT> io, const __grid_constant__ CUtensorMap wmap,
-                 const __grid_constant__ CUtensorMap xmap) {
+    StreamKernel(Plan p, Io<OutT> io, const __grid_constant__ CUtensorMap wmap) {
   constexpr int kStages = Stages<kTokens>();
   extern __shared__ int8_t smem[];
   int8_t* ring = smem + (kRingAlign - SmemAddr(smem) % kRingAlign) % kRingAlign;
@@ -278,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();  // the last block-wide barrier: the roles split below
   const int64_t lo = p.Lo(blockIdx.x), hi = p.Lo(blockIdx.x + 1);
   if (threadIdx.x == kConsumers) {
-    Produce<kTokens>(p, wmap, xmap, ring, full, empty, lo, hi);
+    Produce<kTokens>(p, wmap, ring, full, empty, lo, hi);
   } else if (threadIdx.x < kConsumers) {
     Consume<kTokens>(p, io, ring, full, empty, lo, hi);
   }
@@ -337,12 +349,10 @@ int64_t WorkspaceFor(int64_t m, int64_t n, int64_t blocks) {
 }
 
 template <int kTokens, typename OutT>
-cudaError_t Launch(cudaStream_t stream, const int8_t* x, const int8_t* w, const Io<OutT>& io,
+cudaError_t Launch(cudaStream_t stream, const int8_t* w, const Io<OutT>& io,
                    int64_t m, int64_t k, int64_t n, void* workspace, size_t workspace_bytes) {
-  CUtensorMap wmap, xmap;
-  if (!EncodeBoxes(&wmap, w, n, k, kRows) || !EncodeBoxes(&xmap, x, m, k, kTokens)) {
-    return cudaErrorNotSupported;
-  }
+  CUtensorMap wmap;
+  if (!EncodeBoxes(&wmap, w, n, k, kRows)) return cudaErrorNotSupported;
   Plan p{m, k, n, CeilDiv(n, kRows), CeilDiv(k, kUnitK), 0, 0, nullptr, nullptr};
   p.units = p.slabs * p.kcs;
   int64_t blocks = std::min<int64_t>(p.units, std::max(1, SmCount()));
@@ -364,7 +374,7 @@ cudaError_t Launch(cudaStream_t stream, const int8_t* x, const int8_t* w, const 
   }
   if (auto e = cudaMemsetAsync(p.counters, 0, p.slabs * 4, stream); e != cudaSuccess) return e;
   StreamKernel<kTokens, OutT><<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
-      p, io, wmap, xmap);
+      p, io, wmap);
   return cudaGetLastError();
 }
 
@@ -388,10 +398,10 @@ cudaError_t RunStream(cudaStream_t stream, const int8_t* x, const float* sx, con
                       const float* sw, OutT* y, int64_t m, int64_t k, int64_t n, void* workspace,
                       size_t workspace_bytes) {
   if (!StreamSupports(x, w, m, k) || k < 16) return cudaErrorNotSupported;
-  const Io<OutT> io{sx, sw, y};
-  if (m <= 8) return Launch<8>(stream, x, w, io, m, k, n, workspace, workspace_bytes);
-  if (m <= 16) return Launch<16>(stream, x, w, io, m, k, n, workspace, workspace_bytes);
-  return Launch<32>(stream, x, w, io, m, k, n, workspace, workspace_bytes);
+  const Io<OutT> io{x, sx, sw, y};
+  if (m <= 8) return Launch<8>(stream, w, io, m, k, n, workspace, workspace_bytes);
+  if (m <= 16) return Launch<16>(stream, w, io, m, k, n, workspace, workspace_bytes);
+  return Launch<32>(stream, w, io, m, k, n, workspace, workspace_bytes);
 }
 
 template cudaError_t RunStream<float>(cudaStream_t, const int8_t*, const float*, const int8_t*,
