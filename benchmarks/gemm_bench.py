@@ -69,9 +69,7 @@ STREAMK = (
 def variants_for(m: int) -> list[str]:
     """The kernels worth forcing at this M (the others are far off or unsupported)."""
     if m <= 16:
-        return [*DECODE, "stream"]
-    if m <= 32:
-        return ["decode32", "stream", SM90[3], SM90[5], SM90[6]]
+        return list(DECODE)
     if m <= 64:
         return ["decode32", SM90[3], SM90[5], SM90[6], "sm90_splitk_swap_128x64x128_c2x1"]
     if m <= 256:

@@ -4,8 +4,7 @@
 //
 // One kernel per call, picked from M, N and K (kBuckets below, chosen from measurements on an
 // H200: benchmarks/results/gemm_h200*/):
-//   M <= 8             the weight-streaming decode kernel (int8_gemm_decode.cu); the bulk-copy
-//                      streaming kernel (int8_gemm_stream.cu) is built and forced by name
+//   M <= 8             the weight-streaming decode kernel (int8_gemm_decode.cu)
 //   larger M           a CUTLASS SM90 kernel (int8_gemm_sm90_*.cu), data-parallel or stream-K;
 //                      stream-K's partial sums live in the call's workspace result
 //   anything else      (K % 16 != 0, unaligned rows or pointers) the shared-memory __dp4a
@@ -14,8 +13,8 @@
 // bits and the choice never changes a result.
 //
 // PRISM_INT8_GEMM_KERNEL (benchmarks only) forces one kernel by name, read on every call:
-// simt, decode16, decode32, decode64, stream, or a tile of Sm90TileName(); unsupported shapes
-// still fall back. PRISM_INT8_GEMM_RASTER=m|n and PRISM_INT8_GEMM_SWIZZLE=1|2|4|8 (benchmarks only) force
+// simt, decode16, decode32, decode64, or a tile of Sm90TileName(); unsupported shapes still fall
+// back. PRISM_INT8_GEMM_RASTER=m|n and PRISM_INT8_GEMM_SWIZZLE=1|2|4|8 (benchmarks only) force
 // the CUTLASS tile order (Sm90Order). Under a command buffer what is in force at capture is what
 // is replayed.
 #include <cuda_runtime.h>
@@ -178,10 +177,9 @@ cudaError_t LaunchSimt(cudaStream_t stream, const int8_t* x, const float* sx, co
 // 32.7 vs 38.8 / 39.2 (split-K); 64x64 at M = 64: qkv 15.2 vs 15.7, o 10.1 vs 11.6, down 32.5
 // vs 37.1. gate_up (336 tiles of 128 rows already) keeps the 128x64 tile (60.8-64.2 µs, the
 // 64-row tiles 61.1-84.7). Decode stays at M <= 8: qkv and o 13.8 / 8.9 µs at M = 1.
-constexpr int kStreamKernel = -1;  // Bucket::decode_rows naming int8_gemm_stream.cu's kernel
 struct Bucket {
   int64_t max_m;
-  int decode_rows;  // > 0: the decode kernel, that many weight rows a block; kStreamKernel
+  int decode_rows;
   Sm90Tile tile;
   int64_t min_n = 0;  // the bucket applies only to N >= min_n ...
   int64_t min_k = 0;  // ... and K >= min_k
@@ -242,10 +240,6 @@ bool Forced(int64_t m, Bucket* choice, bool* simt) {
   const char* name = std::getenv("PRISM_INT8_GEMM_KERNEL");
   if (name == nullptr || *name == '\0') return false;
   *simt = std::strcmp(name, "simt") == 0;
-  if (std::strcmp(name, "stream") == 0) {
-    *choice = {m, kStreamKernel, Sm90Tile::kCoop128x256};
-    return true;
-  }
   for (int rows : {16, 32, 64}) {
     if (std::strcmp(name, ("decode" + std::to_string(rows)).c_str()) == 0) {
       *choice = {m, rows, Sm90Tile::kCoop128x256};
@@ -292,12 +286,7 @@ cudaError_t Dispatch(cudaStream_t stream, const int8_t* x, const float* sx, cons
   const Bucket choice = Choose<OutT>(m, k, n, &simt);
   cudaError_t e = cudaErrorNotSupported;
   if (!simt && k >= 16) {
-    if (choice.decode_rows == kStreamKernel) {
-      e = RunStream(stream, x, sx, w, sw, y, m, k, n, workspace, workspace_bytes);
-      if (e == cudaErrorNotSupported && DecodeSupports(x, w, m, k)) {
-        e = RunDecode(0, stream, x, sx, w, sw, y, m, k, n);  // e.g. a workspace sized without it
-      }
-    } else if (choice.decode_rows > 0 && DecodeSupports(x, w, m, k)) {
+    if (choice.decode_rows > 0 && DecodeSupports(x, w, m, k)) {
       e = RunDecode(choice.decode_rows, stream, x, sx, w, sw, y, m, k, n);
     } else if (choice.decode_rows == 0 && Sm90Supports(x, w, y, k, n, sizeof(OutT))) {
       e = RunSm90(choice.tile, stream, x, sx, w, sw, y, m, k, n, workspace, workspace_bytes,
@@ -366,12 +355,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismInt8GemmCuda, prism::Int8GemmCuda,
 // picks now, PRISM_INT8_GEMM_KERNEL included); the Python wrapper sizes the workspace result
 // with it at trace time.
 size_t PrismInt8GemmWorkspaceBytes(int64_t m, int64_t k, int64_t n, bool f32) {
-  if (m <= 0 || n <= 0) return 0;
+  if (!f32 || m <= 0 || n <= 0) return 0;  // no bf16 stream-K tile is built
   bool simt = false;
-  const prism::Bucket choice = f32 ? prism::Choose<float>(m, k, n, &simt)
-                                   : prism::Choose<uint16_t>(m, k, n, &simt);
-  if (simt) return 0;
-  if (choice.decode_rows == prism::kStreamKernel) return prism::StreamWorkspaceBytes(m, k, n);
-  if (!f32 || choice.decode_rows > 0) return 0;  // no bf16 stream-K tile is built
+  const prism::Bucket choice = prism::Choose<float>(m, k, n, &simt);
+  if (simt || choice.decode_rows > 0) return 0;
   return prism::Sm90WorkspaceBytes(choice.tile, m, k, n, choice.order);
 }

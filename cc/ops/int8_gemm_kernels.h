@@ -79,16 +79,4 @@ cudaError_t RunDecode(int rows_per_block, cudaStream_t stream, const int8_t* x, 
                       const int8_t* w, const float* sw, OutT* y, int64_t m, int64_t k,
                       int64_t n);
 
-// M <= 32 with weights streamed by the bulk-copy engine into a shared-memory ring
-// (int8_gemm_stream.cu): one persistent block per SM on an equal share of (32 weight rows x 256
-// bytes of K) units, slabs shared between blocks completed from the workspace. Needs K % 16 == 0,
-// 16-byte-aligned x and w, and StreamWorkspaceBytes of workspace; cudaErrorNotSupported (nothing
-// launched) otherwise.
-bool StreamSupports(const void* x, const void* w, int64_t m, int64_t k);
-size_t StreamWorkspaceBytes(int64_t m, int64_t k, int64_t n);
-template <typename OutT>
-cudaError_t RunStream(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
-                      const float* sw, OutT* y, int64_t m, int64_t k, int64_t n, void* workspace,
-                      size_t workspace_bytes);
-
 }  // namespace prism

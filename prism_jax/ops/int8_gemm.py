@@ -47,8 +47,7 @@ def int8_gemm_reference(x_q, s_x, w_q, s_w, out_dtype=jnp.float32) -> jax.Array:
 
 def workspace_bytes(m: int, k: int, n: int, out_dtype) -> int:
     """Bytes of the workspace result prism_int8_gemm gets: what the CUDA handler's kernel for
-    this shape needs (stream-K partial sums, cc/ops/int8_gemm_sm90.cuh; the streaming kernel's
-    shared slabs, cc/ops/int8_gemm_stream.cu), at least 1. The
+    this shape needs (stream-K partial sums; cc/ops/int8_gemm_sm90.cuh), at least 1. The
     handler picks its kernel from the shape and PRISM_INT8_GEMM_KERNEL, as this asks it at
     trace time; a workspace too small for the kernel in force at run time makes it run the
     kernel's data-parallel twin (same bits). CPU-only builds and machines without a CUDA device

@@ -93,7 +93,6 @@ CUDA_KERNELS = [
     "decode16",
     "decode32",
     "decode64",
-    "stream",
     "sm90_coop_128x256x128_c2x1",
     "sm90_ping_64x256x128_c2x1",
     "sm90_coop_128x128x128_c2x1",
@@ -173,29 +172,6 @@ def test_stream_k_partial_sums_exact(gpu, rng, monkeypatch, kernel, m, k, n):
     s_w = rng.uniform(1e-4, 1e-1, n).astype(np.float32)
     y = run_on(gpu, ops.int8_gemm, x, s_x, w, s_w)
     assert_bitwise_equal(y, epilogue(acc64, s_x, s_w), f"{kernel}: epilogue")
-
-
-# The bulk-copy streaming kernel's shared slabs: every block takes an equal run of (32 weight
-# rows x 256 K bytes) units, so on an H200's 132 blocks these slabs are split between blocks and
-# completed from the workspace (a ragged last K unit, a partial last slab, 1-32 tokens).
-STREAM_SHAPES = [(1, 272, 200), (5, 21504, 264), (16, 4096, 5376), (32, 5392, 1032), (9, 16, 40)]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("m,k,n", STREAM_SHAPES)
-@pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
-def test_stream_kernel_shared_slabs_exact(gpu, rng, monkeypatch, m, k, n, out_dtype):
-    monkeypatch.setenv("PRISM_INT8_GEMM_KERNEL", "stream")
-    assert workspace_bytes(m, k, n, out_dtype) > 1, "the streaming kernel needs its workspace"
-    x, w = random_int8(rng, (m, k), extreme=True), random_int8(rng, (n, k), extreme=True)
-    acc64 = x.astype(np.int64) @ w.astype(np.int64).T
-    y = run_on(gpu, ops.int8_gemm, x, np.ones(m, np.float32), w, np.ones(n, np.float32))
-    assert_bitwise_equal(y, acc64.astype(np.float32), "stream: integer part")
-    s_x = rng.uniform(1e-4, 1e-1, m).astype(np.float32)
-    s_w = rng.uniform(1e-4, 1e-1, n).astype(np.float32)
-    y = run_on(gpu, ops.int8_gemm, x, s_x, w, s_w, out_dtype=out_dtype)
-    expected = jnp.asarray(epilogue(acc64, s_x, s_w)).astype(out_dtype)
-    assert_bitwise_equal(y, np.asarray(expected), "stream: epilogue")
 
 
 @pytest.mark.gpu
