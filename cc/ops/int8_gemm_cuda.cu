@@ -287,8 +287,7 @@ cudaError_t Dispatch(cudaStream_t stream, const int8_t* x, const float* sx, cons
   cudaError_t e = cudaErrorNotSupported;
   if (!simt && k >= 16) {
     if (choice.decode_rows > 0 && DecodeSupports(x, w, m, k)) {
-      e = RunDecode(choice.decode_rows, stream, x, sx, w, sw, y, m, k, n, workspace,
-                    workspace_bytes);
+      e = RunDecode(choice.decode_rows, stream, x, sx, w, sw, y, m, k, n);
     } else if (choice.decode_rows == 0 && Sm90Supports(x, w, y, k, n, sizeof(OutT))) {
       e = RunSm90(choice.tile, stream, x, sx, w, sw, y, m, k, n, workspace, workspace_bytes,
                   choice.order);
@@ -356,12 +355,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismInt8GemmCuda, prism::Int8GemmCuda,
 // picks now, PRISM_INT8_GEMM_KERNEL included); the Python wrapper sizes the workspace result
 // with it at trace time.
 size_t PrismInt8GemmWorkspaceBytes(int64_t m, int64_t k, int64_t n, bool f32) {
-  if (m <= 0 || n <= 0) return 0;
+  if (!f32 || m <= 0 || n <= 0) return 0;  // no bf16 stream-K tile is built
   bool simt = false;
-  const prism::Bucket choice = f32 ? prism::Choose<float>(m, k, n, &simt)
-                                   : prism::Choose<uint16_t>(m, k, n, &simt);
-  if (simt) return 0;
-  if (choice.decode_rows > 0) return prism::DecodeWorkspaceBytes(choice.decode_rows, m, k, n);
-  if (!f32) return 0;  // no bf16 stream-K tile is built
+  const prism::Bucket choice = prism::Choose<float>(m, k, n, &simt);
+  if (simt || choice.decode_rows > 0) return 0;
   return prism::Sm90WorkspaceBytes(choice.tile, m, k, n, choice.order);
 }

@@ -70,15 +70,13 @@ cudaError_t RunSm90StreamK(Sm90Tile tile, cudaStream_t stream, const int8_t* x, 
 size_t Sm90WorkspaceBytes(Sm90Tile tile, int64_t m, int64_t k, int64_t n, Sm90Order order);
 
 // Weight-streaming kernel for small M (int8_gemm_decode.cu): mma.sync m16n8k32 on 16-row slabs
-// of w, K split across the 8 warps of a block (and across blocks when there are few slabs),
-// partial sums added exactly in shared memory (and the workspace). Needs M <= 64, K % 16 == 0
-// and 16-byte-aligned x and w. rows_per_block: 16, 32 or 64 weight rows per block (0: the
-// default for M). A workspace smaller than DecodeWorkspaceBytes runs it unsplit (same bits).
+// of w, K split across the 8 warps of a block, partial sums added exactly in shared memory.
+// Needs M <= 64, K % 16 == 0 and 16-byte-aligned x and w. rows_per_block: 16, 32 or 64 weight
+// rows per block (0: the default for M).
 bool DecodeSupports(const void* x, const void* w, int64_t m, int64_t k);
-size_t DecodeWorkspaceBytes(int rows_per_block, int64_t m, int64_t k, int64_t n);
 template <typename OutT>
 cudaError_t RunDecode(int rows_per_block, cudaStream_t stream, const int8_t* x, const float* sx,
                       const int8_t* w, const float* sw, OutT* y, int64_t m, int64_t k,
-                      int64_t n, void* workspace, size_t workspace_bytes);
+                      int64_t n);
 
 }  // namespace prism
