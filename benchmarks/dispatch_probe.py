@@ -11,6 +11,10 @@ Prints one JSON line per probe, medians over --runs calls after warm-up, in ms:
                      Python (its thunks launched), `done_ms` until its result is ready; each
                      result is dropped before the next call, as the engine drops its hidden
   forward_held       the same, each result kept until the next call has returned
+  engine_runs        (--engine-runs) whole engine.run calls of the e2e scenarios as e2e_decide.py
+                     times them: per run its wall ms and the device addresses of the forward's
+                     hidden and KV pool, to see which buffer moves between runs when XLA
+                     re-records the graph
 XLA re-records the forward's CUDA graph (command buffer) whenever a buffer it uses has moved;
 the allocator gives a dropped hidden's block to the next call, a held one it cannot, so
 forward_held - forward is what a moving buffer costs a step (runner.py). To see the re-records:
@@ -68,11 +72,12 @@ def main(argv=None) -> None:
     p.add_argument("--preset", choices=sorted(PRESETS), default="gemma3-27b")
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--single-digit", action="store_true")
+    p.add_argument("--engine-runs", default="", help="e2e scenarios to run whole, comma-separated")
     args = p.parse_args(argv)
     config = PRESETS[args.preset]
     if args.single_digit:
         config = config.replace(int8_two_digit_rows=(), int8_two_digit_weights=())
-    setup = SimpleNamespace(seed=0, kv_pages=320, token_buckets=(64, 256, 512, 2048))
+    setup = SimpleNamespace(seed=0, kv_pages=320, token_buckets=(32, 64, 256, 512, 2048))
     setup.command_buffers = EngineConfig.command_buffers
     setup.no_baseline = True
     engine, _ = build(config, setup, {})
@@ -94,7 +99,44 @@ def main(argv=None) -> None:
         times = timed_call(lambda: runner.forward(arrays), args.runs, hold)
         row("forward_held" if hold else "forward", times, tokens=t)
     release(placements, engine.cache, True)
+    for name in filter(None, args.engine_runs.split(",")):
+        print(json.dumps(engine_runs(engine, config, name, args.runs)), flush=True)
     print(json.dumps({"probe": "info", "device": jax.devices()[0].device_kind}))
+
+
+def engine_runs(engine, config, name: str, runs: int) -> dict:
+    """e2e_decide.measure's runs of one scenario, each with its wall ms and the addresses of the
+    forward's hidden and of the KV pool's first buffer after its forward."""
+    import sys  # noqa: PLC0415
+
+    scenario = next(s for s in scenarios(config.vocab_size) if s.name == name)
+    runner, seen = engine.runner, []
+    forward = runner.forward
+
+    def logged(arrays):
+        hidden = forward(arrays)
+        kv = jax.tree.leaves(runner.kv)[0]
+        seen.append((hidden.unsafe_buffer_pointer(), kv.unsafe_buffer_pointer()))
+        return hidden
+
+    engine.cache.clear()
+    for q in scenario.prefill:
+        engine.run([q])
+    engine.run(scenario.questions)  # warm-up (and compiles)
+    runner.forward, walls, addresses = logged, [], []
+    try:
+        for i in range(runs):
+            if scenario.cold:
+                engine.cache.clear()
+            print(f"## {name} run {i}", file=sys.stderr, flush=True)  # between XLA's log lines
+            seen.clear()
+            t0 = time.perf_counter()
+            engine.run(scenario.questions)
+            walls.append(1e3 * (time.perf_counter() - t0))
+            addresses.append([[hex(h), hex(k)] for h, k in seen])
+    finally:
+        runner.forward = forward
+    return {"probe": "engine_runs", "scenario": name, "wall_ms": walls, "hidden_kv": addresses}
 
 
 if __name__ == "__main__":
