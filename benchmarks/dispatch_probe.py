@@ -35,7 +35,7 @@ from types import SimpleNamespace
 import jax
 from e2e_decide import PRESETS, build, scenarios  # benchmarks/ is sys.path[0] as a script
 
-from prism_jax.config import EngineConfig
+from prism_jax.config import COMMAND_BUFFERS, EngineConfig
 from prism_jax.forest import build_forest
 from prism_jax.scheduler import place, plan_steps, release, step_arrays
 from prism_jax.step_buffers import forward_layout, pack
@@ -73,12 +73,18 @@ def main(argv=None) -> None:
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--single-digit", action="store_true")
     p.add_argument("--engine-runs", default="", help="e2e scenarios to run whole, comma-separated")
+    p.add_argument(
+        "--command-buffers",
+        choices=sorted(COMMAND_BUFFERS),
+        default=EngineConfig.command_buffers,
+        help="EngineConfig.command_buffers: XLA's CUDA graphs as XLA decides, or off",
+    )
     args = p.parse_args(argv)
     config = PRESETS[args.preset]
     if args.single_digit:
         config = config.replace(int8_two_digit_rows=(), int8_two_digit_weights=())
     setup = SimpleNamespace(seed=0, kv_pages=320, token_buckets=(32, 64, 256, 512, 2048))
-    setup.command_buffers = EngineConfig.command_buffers
+    setup.command_buffers = args.command_buffers
     setup.no_baseline = True
     engine, _ = build(config, setup, {})
     runner = engine.runner
@@ -101,7 +107,8 @@ def main(argv=None) -> None:
     release(placements, engine.cache, True)
     for name in filter(None, args.engine_runs.split(",")):
         print(json.dumps(engine_runs(engine, config, name, args.runs)), flush=True)
-    print(json.dumps({"probe": "info", "device": jax.devices()[0].device_kind}))
+    info = {"probe": "info", "device": jax.devices()[0].device_kind}
+    print(json.dumps(info | {"command_buffers": args.command_buffers}))
 
 
 def engine_runs(engine, config, name: str, runs: int) -> dict:
