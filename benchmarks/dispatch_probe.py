@@ -7,6 +7,7 @@ launching the forward's thunks costs.
 Prints one JSON line per probe, medians over --runs calls after warm-up, in ms:
   null_one_arg       jit(x + 1) on the step's packed int32 buffer: the floor of one call
   null_all_weights   the same with every weight leaf passed too (what the forward receives)
+  null_weights_kv    the same with the KV pool donated and returned too, as the forward does
   forward            the engine's one-question forward: `return_ms` until the call returns to
                      Python (its thunks launched), `done_ms` until its result is ready; each
                      result is dropped before the next call, as the engine drops its hidden
@@ -101,6 +102,13 @@ def main(argv=None) -> None:
     row("null_one_arg", timed_call(lambda: one(packed), args.runs))
     many = jax.jit(lambda leaves, x: x + 1)
     row("null_all_weights", timed_call(lambda: many(leaves, packed), args.runs), args=len(leaves))
+    with_kv = jax.jit(lambda leaves, kv, x: (x + 1, kv), donate_argnums=1)
+
+    def null_kv():  # the pool is donated each call: the result's pool is the next call's
+        out, runner.kv = with_kv(leaves, runner.kv, packed)
+        return out
+
+    row("null_weights_kv", timed_call(null_kv, args.runs), kv=len(jax.tree.leaves(runner.kv)))
     for hold in (False, True):
         times = timed_call(lambda: runner.forward(arrays), args.runs, hold)
         row("forward_held" if hold else "forward", times, tokens=t)
