@@ -80,19 +80,12 @@ def main(argv=None) -> None:
         default=EngineConfig.command_buffers,
         help="EngineConfig.command_buffers: XLA's CUDA graphs as XLA decides, or off",
     )
-    p.add_argument(
-        "--graph-layers",
-        type=int,
-        default=EngineConfig.graph_layers,
-        help="EngineConfig.graph_layers: a new CUDA graph every that many layers (0: one)",
-    )
     args = p.parse_args(argv)
     config = PRESETS[args.preset]
     if args.single_digit:
         config = config.replace(int8_two_digit_rows=(), int8_two_digit_weights=())
     setup = SimpleNamespace(seed=0, kv_pages=320, token_buckets=(32, 64, 256, 512, 2048))
     setup.command_buffers = args.command_buffers
-    setup.graph_layers = args.graph_layers
     setup.no_baseline = True
     engine, _ = build(config, setup, {})
     runner = engine.runner
@@ -123,8 +116,7 @@ def main(argv=None) -> None:
     for name in filter(None, args.engine_runs.split(",")):
         print(json.dumps(engine_runs(engine, config, name, args.runs)), flush=True)
     info = {"probe": "info", "device": jax.devices()[0].device_kind}
-    info |= {"command_buffers": args.command_buffers, "graph_layers": args.graph_layers}
-    print(json.dumps(info))
+    print(json.dumps(info | {"command_buffers": args.command_buffers}))
 
 
 def engine_runs(engine, config, name: str, runs: int) -> dict:

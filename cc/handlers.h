@@ -17,8 +17,7 @@
   X("prism_quantize_rows", PrismQuantizeRowsCpu, PrismQuantizeRowsCuda)        \
   X("prism_candidate_head", PrismCandidateHeadCpu, PrismCandidateHeadCuda)     \
   X("prism_vocab_logsumexp", PrismVocabLogSumExpCpu, PrismVocabLogSumExpCuda) \
-  X("prism_tree_attention", PrismTreeAttentionCpu, PrismTreeAttentionCuda)   \
-  X("prism_graph_break", PrismGraphBreakCpu, PrismGraphBreakCuda)
+  X("prism_tree_attention", PrismTreeAttentionCpu, PrismTreeAttentionCuda)
 
 #define PRISM_DECLARE_CPU(name, cpu, cuda) XLA_FFI_DECLARE_HANDLER_SYMBOL(cpu);
 #define PRISM_DECLARE_CUDA(name, cpu, cuda) XLA_FFI_DECLARE_HANDLER_SYMBOL(cuda);

@@ -256,12 +256,8 @@ class EngineConfig:
     # Whether XLA may capture a step's kernels in CUDA graphs (its command buffers): "xla"
     # keeps XLA's default, "off" launches kernel by kernel. No effect on the CPU.
     command_buffers: str = "xla"
-    # > 0: the forward starts a new CUDA graph every that many layers (ops.graph_break), so
-    # the GPU runs the first graph while the host launches the next; 0: one graph.
-    graph_layers: int = 0
 
     def __post_init__(self) -> None:
-        assert self.graph_layers >= 0, f"graph_layers must be >= 0, got {self.graph_layers}"
         assert self.command_buffers in COMMAND_BUFFERS, (
             f"command_buffers must be one of {sorted(COMMAND_BUFFERS)}, "
             f"got {self.command_buffers!r}"

@@ -58,9 +58,7 @@ class Runner:
                 a["slot"], a["positions"], a["chain_of"], a["chain_segments"], a["pages_flat"]
             )
             params = jax.tree.unflatten(tree, leaves)
-            return model.forward_paged(
-                params, config, kv, a["tokens"], tables, self.engine.graph_layers
-            )
+            return model.forward_paged(params, config, kv, a["tokens"], tables)
 
         return jax.jit(fwd, donate_argnums=1)
 

@@ -58,12 +58,9 @@ class PagedAttention:
     config: ModelConfig
     tables: PagedTables
     kv: list[tuple[jax.Array, jax.Array]]
-    graph_layers: int = 0  # > 0: a new CUDA graph every that many layers (ops.graph_break)
 
     def __call__(self, layer: int, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         c, tb = self.config, self.tables
-        if self.graph_layers > 0 and layer > 0 and layer % self.graph_layers == 0:
-            q = ops.graph_break(q)
         k_pages, v_pages = self.kv[layer]
         window = c.sliding_window if c.layer_types[layer] == "sliding" else 0
         out, k_pages, v_pages = ops.tree_attention(

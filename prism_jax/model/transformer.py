@@ -251,7 +251,6 @@ def forward_paged(
     kv: tuple[tuple[jax.Array, jax.Array], ...],
     tokens: jax.Array,
     tables: PagedTables,
-    graph_layers: int = 0,
 ) -> tuple[jax.Array, tuple[tuple[jax.Array, jax.Array], ...]]:
     """Runs the decoder over one step of a forest against the paged KV pool.
 
@@ -259,7 +258,6 @@ def forward_paged(
       kv: per layer (k_pages, v_pages) [P, L, K, H] (kv_pages.init_kv_pool); donate them.
       tokens: int32 [T] this step's tokens (padding: any id).
       tables: slot / positions / chain tables of the step (scheduler.step_arrays).
-      graph_layers: > 0 starts a new CUDA graph every that many layers (EngineConfig).
 
     Returns:
       (final-normed hidden [T, D], the pools with this step's k/v written). A token's hidden
@@ -267,7 +265,7 @@ def forward_paged(
     """
     assert len(kv) == config.num_layers, f"kv has {len(kv)} layers, the model {config.num_layers}"
     positions = jnp.maximum(tables.positions, 0)  # padding rows: any valid rope position
-    backend = PagedAttention(config, tables, list(kv), graph_layers)
+    backend = PagedAttention(config, tables, list(kv))
     hidden = bind(params, config)(tokens, positions, backend)
     return hidden, tuple(backend.kv)
 

@@ -15,7 +15,6 @@ from prism_jax.ops.glu_quant import (
     glu_quant2_sum,
     glu_quant_pair,
 )
-from prism_jax.ops.graph_break import graph_break
 from prism_jax.ops.int8_gemm import int8_gemm
 from prism_jax.ops.quantize import (
     dequantize_rows,
@@ -40,7 +39,6 @@ __all__ = [
     "glu_quant2_pair",
     "glu_quant2_sum",
     "glu_quant_pair",
-    "graph_break",
     "int8_gemm",
     "pack_chains",
     "quantize_digits",
