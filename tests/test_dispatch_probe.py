@@ -10,17 +10,28 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_tiny_probe_prints_every_row():
+    runs = 2
     proc = subprocess.run(
-        [sys.executable, "dispatch_probe.py", "--preset", "tiny", "--runs", "2"],
+        [sys.executable, "dispatch_probe.py", "--preset", "tiny", "--runs", str(runs),
+         "--engine-runs", "one_question,follow_up_4k"],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=ROOT / "benchmarks",
-    )
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
     probes = [r["probe"] for r in rows]
-    assert probes == ["null_one_arg", "null_all_weights", "forward", "forward_held", "info"]
-    for r in rows[:-1]:
+    calls = ["null_one_arg", "null_all_weights", "null_weights_kv", "forward", "forward_held"]
+    assert probes == [*calls, "engine_runs", "engine_runs", "info"]
+    for r in rows[: len(calls)]:
         assert 0 < r["return_ms"] <= r["done_ms"], r
-    assert rows[1]["args"] > 1 and rows[2]["tokens"] == 256
+    assert rows[1]["args"] > 1 and rows[2]["kv"] > 1 and rows[3]["tokens"] == 256
+    assert [r["scenario"] for r in rows[5:7]] == ["one_question", "follow_up_4k"]
+    for r in rows[5:7]:
+        assert len(r["wall_ms"]) == len(r["hidden_kv"]) == runs, r
+        steps = [step for run in r["hidden_kv"] for step in run]
+        assert steps and all(len(step) == 2 for step in steps), r
+        # The pool is donated into every forward and updated in place: one address throughout.
+        assert len({kv for _, kv in steps}) == 1, r
+    assert rows[-1]["command_buffers"] == "xla"
