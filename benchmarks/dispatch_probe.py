@@ -73,6 +73,7 @@ def main(argv=None) -> None:
     p.add_argument("--preset", choices=sorted(PRESETS), default="gemma3-27b")
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--single-digit", action="store_true")
+    p.add_argument("--layers", type=int, help="override the preset's layer count")
     p.add_argument("--engine-runs", default="", help="e2e scenarios to run whole, comma-separated")
     p.add_argument(
         "--command-buffers",
@@ -84,6 +85,8 @@ def main(argv=None) -> None:
     config = PRESETS[args.preset]
     if args.single_digit:
         config = config.replace(int8_two_digit_rows=(), int8_two_digit_weights=())
+    if args.layers:
+        config = config.replace(num_layers=args.layers)
     setup = SimpleNamespace(seed=0, kv_pages=320, token_buckets=(32, 64, 256, 512, 2048))
     setup.command_buffers = args.command_buffers
     setup.no_baseline = True
@@ -116,7 +119,7 @@ def main(argv=None) -> None:
     for name in filter(None, args.engine_runs.split(",")):
         print(json.dumps(engine_runs(engine, config, name, args.runs)), flush=True)
     info = {"probe": "info", "device": jax.devices()[0].device_kind}
-    print(json.dumps(info | {"command_buffers": args.command_buffers}))
+    print(json.dumps(info | {"command_buffers": args.command_buffers, "layers": config.num_layers}))
 
 
 def engine_runs(engine, config, name: str, runs: int) -> dict:
