@@ -4,7 +4,8 @@
 # Usage (device tool): bash benchmarks/gpu_suite.sh   with carry [".whl"]: the wheels the H200
 # machine lacks, installed with --no-deps (nvidia-cutlass to build there; gguf and pyyaml, which
 # prism_jax.engine imports: without them tests/test_determinism.py and e2e_decide.py fail to
-# import). Fill it with `pip download --no-deps -d .whl nvidia-cutlass==4.2.0.0 gguf pyyaml`.
+# import; py-spy for HOST_PROFILE). Fill it with
+# `pip download --no-deps -d .whl nvidia-cutlass==4.2.0.0 gguf pyyaml py-spy`.
 # Results land in $OUT (or benchmarks/results/ when OUT is unset).
 # Optional environment:
 #   PREBUILT=path/_prism_ops*.so  use an extension built elsewhere if it imports (else build)
@@ -29,6 +30,10 @@
 #                                 ops_bandwidth.md), extra arguments in OPS_ARGS (e.g.
 #                                 "--norm-kernels pipe"), interrupted after OPS_TIMEOUT seconds
 #                                 (default 150)
+#   HOST_PROFILE=1                then run benchmarks/host_profile.py (py-spy's native stacks of
+#                                 the forward call, untraced; $OUT/host_profile.md), probe
+#                                 arguments in HOST_PROFILE_ARGS (default "--single-digit
+#                                 --runs 50"), interrupted after HOST_PROFILE_TIMEOUT s (240)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
@@ -120,6 +125,17 @@ if [ "${OPS_BENCH:-0}" != 0 ]; then
     $PY benchmarks/ops_bandwidth.py --out "$OUT" ${OPS_ARGS:-} 2>&1 | tee "$OUT/ops_bandwidth.log"
   ops_rc=${PIPESTATUS[0]}
 fi
+host_rc=0
+if [ "${HOST_PROFILE:-0}" != 0 ]; then
+  echo "## host profile of the forward call"
+  export PATH=/tmp/site/bin:$PATH  # py-spy from .whl
+  # shellcheck disable=SC2086 (HOST_PROFILE_ARGS is a list of arguments)
+  XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 timeout -s INT "${HOST_PROFILE_TIMEOUT:-240}" \
+    $PY benchmarks/host_profile.py --out "$OUT" -- ${HOST_PROFILE_ARGS:---single-digit --runs 50} \
+    2>&1 | tee "$OUT/host_profile.log"
+  host_rc=${PIPESTATUS[0]}
+  rm -f "$OUT/host_profile.raw"  # tens of MB; host_profile.json keeps the summary
+fi
 echo "pytest rc=$test_rc report rc=$report_rc bench rc=$bench_rc e2e rc=$e2e_rc" \
-  "attn rc=$attn_rc ops rc=$ops_rc"
-exit $(( test_rc || report_rc || bench_rc || e2e_rc || attn_rc || ops_rc ))
+  "attn rc=$attn_rc ops rc=$ops_rc host rc=$host_rc"
+exit $(( test_rc || report_rc || bench_rc || e2e_rc || attn_rc || ops_rc || host_rc ))
