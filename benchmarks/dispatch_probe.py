@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from types import SimpleNamespace
 
@@ -125,8 +126,6 @@ def main(argv=None) -> None:
 def engine_runs(engine, config, name: str, runs: int) -> dict:
     """e2e_decide.measure's runs of one scenario, each with its wall ms and the addresses of the
     forward's hidden and of the KV pool's first buffer after its forward."""
-    import sys  # noqa: PLC0415
-
     scenario = next(s for s in scenarios(config.vocab_size) if s.name == name)
     runner, seen = engine.runner, []
     forward = runner.forward

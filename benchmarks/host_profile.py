@@ -1,6 +1,6 @@
 """Where the host's time goes inside a step's executable call, untraced: py-spy's native stacks.
 
-    python3 benchmarks/host_profile.py --out DIR [--rate 2000] [--marker TEXT] -- \
+    python3 benchmarks/host_profile.py --out DIR [--rate 200] [--timeout 180] [--marker TEXT] -- \
         [dispatch_probe.py arguments, e.g. --single-digit --runs 50]
     python3 benchmarks/host_profile.py --summarize DIR/host_profile.raw --out DIR
 
@@ -21,6 +21,7 @@ import collections
 import json
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -87,7 +88,12 @@ def render(summary: dict, command: str) -> str:
     )
 
 
-def record(out: pathlib.Path, rate: int, probe_args: list[str]) -> tuple[pathlib.Path, str]:
+def record(
+    out: pathlib.Path, rate: int, timeout_s: float, probe_args: list[str]
+) -> tuple[pathlib.Path, str]:
+    """py-spy records dispatch_probe.py. Past timeout_s it gets SIGINT, on which it stops and
+    still writes what it sampled: native unwinding can fall far behind its rate (here on the
+    2-core machine it once did not finish at all), and a partial profile beats none."""
     spy = shutil.which("py-spy") or shutil.which(
         "py-spy", path=str(pathlib.Path(sys.prefix) / "bin")
     )
@@ -99,27 +105,37 @@ def record(out: pathlib.Path, rate: int, probe_args: list[str]) -> tuple[pathlib
     raw = out / "host_profile.raw"
     cmd = [spy, "record", "--native", "--rate", str(rate), "--format", "raw", "-o", str(raw),
            "--", sys.executable, str(HERE / "dispatch_probe.py"), *probe_args]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE)
-    (out / "host_profile_probe.jsonl").write_text(proc.stdout)
-    if proc.returncode != 0 or not raw.exists():
-        raise SystemExit(f"py-spy failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+        stderr += f"\n(interrupted after {timeout_s} s)"
+    (out / "host_profile_probe.jsonl").write_text(stdout)
+    (out / "host_profile_spy.log").write_text(stderr[-20000:])
+    if not raw.exists():
+        raise SystemExit(f"py-spy wrote no profile ({proc.returncode}): {stderr[-3000:]}")
     return raw, " ".join(["py-spy", *cmd[1:3], "...", *probe_args])
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", required=True)
-    p.add_argument("--rate", type=int, default=2000, help="samples per second")
+    p.add_argument("--rate", type=int, default=200, help="samples per second")
+    p.add_argument("--timeout", type=float, default=180, help="seconds before py-spy is stopped")
     p.add_argument("--marker", default=MARKER, help="keep samples under the frame containing it")
     p.add_argument("--summarize", metavar="RAW", help="only summarise this raw file")
     args, probe_args = p.parse_known_args(argv)
     probe_args = [a for a in probe_args if a != "--"]
-    out = pathlib.Path(args.out)
+    out = pathlib.Path(args.out).resolve()  # py-spy runs in benchmarks/: paths must not be relative
     out.mkdir(parents=True, exist_ok=True)
     if args.summarize:
         raw, command = pathlib.Path(args.summarize), f"host_profile.py --summarize {args.summarize}"
     else:
-        raw, command = record(out, args.rate, probe_args)
+        raw, command = record(out, args.rate, args.timeout, probe_args)
     with raw.open() as f:
         summary = summarize(parse_raw(f), args.marker)
     (out / "host_profile.json").write_text(json.dumps(summary, indent=1))

@@ -55,7 +55,7 @@ cudaError_t RunSm90(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const f
                     const int8_t* w, const float* sw, OutT* y, int64_t m, int64_t k, int64_t n,
                     void* workspace, size_t workspace_bytes, Sm90Order order);
 
-// The tiles of int8_gemm_sm90_variants.cu, float32 output (int8_gemm_sm90_variants.cu): same contract.
+// The tiles of int8_gemm_sm90_variants.cu, float32 output: same contract.
 cudaError_t RunSm90Variant(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
                            const int8_t* w, const float* sw, float* y, int64_t m, int64_t k,
                            int64_t n, Sm90Order order);
