@@ -16,6 +16,8 @@ Prints one JSON line per probe, medians over --runs calls after warm-up, in ms:
                      times them: per run its wall ms and the device addresses of the forward's
                      hidden and KV pool, to see which buffer moves between runs when XLA
                      re-records the graph
+`slow_calls` counts the timed calls that took JAX's Python dispatch path instead of its C++
+fast path (SlowPathCounter): each passes every argument through Python.
 XLA re-records the forward's CUDA graph (command buffer) whenever a buffer it uses has moved;
 the allocator gives a dropped hidden's block to the next call, a held one it cannot, so
 forward_held - forward is what a moving buffer costs a step (runner.py). To see the re-records:
@@ -36,11 +38,36 @@ from types import SimpleNamespace
 
 import jax
 from e2e_decide import PRESETS, build, scenarios  # benchmarks/ is sys.path[0] as a script
+from jax._src import stages
 
 from prism_jax.config import COMMAND_BUFFERS, EngineConfig
 from prism_jax.forest import build_forest
 from prism_jax.scheduler import place, plan_steps, release, step_arrays
 from prism_jax.step_buffers import forward_layout, pack
+
+
+class SlowPathCounter:
+    """Counts calls that take JAX's Python dispatch path (stages.Compiled.call, a private
+    function): a compiled executable's C++ fast path runs without it, so after the first call
+    of each executable the count should stay 0. Every slow call passes the ~1,000 arguments
+    through Python's shard_args, milliseconds of host time on the 27B forward."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._original = stages.Compiled.call
+
+    def __enter__(self) -> SlowPathCounter:
+        original = self._original
+
+        def counted(*args, **kwargs):
+            self.count += 1
+            return original(*args, **kwargs)
+
+        stages.Compiled.call = staticmethod(counted)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        stages.Compiled.call = staticmethod(self._original)
 
 
 def timed_call(fn, runs: int, hold: bool = True) -> tuple[float, float]:
@@ -114,8 +141,10 @@ def main(argv=None) -> None:
 
     row("null_weights_kv", timed_call(null_kv, args.runs), kv=len(jax.tree.leaves(runner.kv)))
     for hold in (False, True):
-        times = timed_call(lambda: runner.forward(arrays), args.runs, hold)
-        row("forward_held" if hold else "forward", times, tokens=t)
+        runner.forward(arrays)  # compiled and called once: later calls may take the fast path
+        with SlowPathCounter() as slow:
+            times = timed_call(lambda: runner.forward(arrays), args.runs, hold)
+        row("forward_held" if hold else "forward", times, tokens=t, slow_calls=slow.count)
     release(placements, engine.cache, True)
     for name in filter(None, args.engine_runs.split(",")):
         print(json.dumps(engine_runs(engine, config, name, args.runs)), flush=True)
@@ -142,18 +171,25 @@ def engine_runs(engine, config, name: str, runs: int) -> dict:
     engine.run(scenario.questions)  # warm-up (and compiles)
     runner.forward, walls, addresses = logged, [], []
     try:
-        for i in range(runs):
-            if scenario.cold:
-                engine.cache.clear()
-            print(f"## {name} run {i}", file=sys.stderr, flush=True)  # between XLA's log lines
-            seen.clear()
-            t0 = time.perf_counter()
-            engine.run(scenario.questions)
-            walls.append(1e3 * (time.perf_counter() - t0))
-            addresses.append([[hex(h), hex(k)] for h, k in seen])
+        with SlowPathCounter() as slow:
+            for i in range(runs):
+                if scenario.cold:
+                    engine.cache.clear()
+                print(f"## {name} run {i}", file=sys.stderr, flush=True)  # between XLA's logs
+                seen.clear()
+                t0 = time.perf_counter()
+                engine.run(scenario.questions)
+                walls.append(1e3 * (time.perf_counter() - t0))
+                addresses.append([[hex(h), hex(k)] for h, k in seen])
     finally:
         runner.forward = forward
-    return {"probe": "engine_runs", "scenario": name, "wall_ms": walls, "hidden_kv": addresses}
+    return {
+        "probe": "engine_runs",
+        "scenario": name,
+        "wall_ms": walls,
+        "hidden_kv": addresses,
+        "slow_calls": slow.count,
+    }
 
 
 if __name__ == "__main__":
