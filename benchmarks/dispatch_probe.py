@@ -109,6 +109,11 @@ def main(argv=None) -> None:
         default=EngineConfig.command_buffers,
         help="EngineConfig.command_buffers: XLA's CUDA graphs as XLA decides, or off",
     )
+    p.add_argument(
+        "--layers-per-call",
+        type=int,
+        help="EngineConfig.forward_layers_per_call (default: the engine's, 8 on a GPU)",
+    )
     args = p.parse_args(argv)
     config = PRESETS[args.preset]
     if args.single_digit:
@@ -117,6 +122,7 @@ def main(argv=None) -> None:
         config = config.replace(num_layers=args.layers)
     setup = SimpleNamespace(seed=0, kv_pages=320, token_buckets=(32, 64, 256, 512, 2048))
     setup.command_buffers = args.command_buffers
+    setup.layers_per_call = args.layers_per_call
     setup.no_baseline = True
     engine, _ = build(config, setup, {})
     runner = engine.runner
@@ -149,7 +155,8 @@ def main(argv=None) -> None:
     for name in filter(None, args.engine_runs.split(",")):
         print(json.dumps(engine_runs(engine, config, name, args.runs)), flush=True)
     info = {"probe": "info", "device": jax.devices()[0].device_kind}
-    print(json.dumps(info | {"command_buffers": args.command_buffers, "layers": config.num_layers}))
+    info |= {"command_buffers": args.command_buffers, "layers": config.num_layers}
+    print(json.dumps(info | {"forward_parts": len(runner.parts)}))
 
 
 def engine_runs(engine, config, name: str, runs: int) -> dict:

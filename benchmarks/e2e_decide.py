@@ -306,6 +306,7 @@ def build(config: ModelConfig, args, times: dict) -> tuple[Engine, Baseline | No
         row_buckets=(1, 4),
         candidate_buckets=(4, 256),
         command_buffers=args.command_buffers,
+        forward_layers_per_call=args.layers_per_call,
     )
     engine = Engine(config, params8, None, None, name="prism_jax int8", engine_config=e)
     engine.root_len = ROOT_LEN
@@ -335,6 +336,7 @@ def meta(args, config: ModelConfig) -> dict:
         "int8_two_digit_rows": list(config.int8_two_digit_rows),
         "int8_two_digit_weights": list(config.int8_two_digit_weights),
         "command_buffers": args.command_buffers,
+        "layers_per_call": args.layers_per_call,
         # Not a result: another model, another device or fewer runs than DESIGN.md asks for.
         "smoke": args.preset != "gemma3-27b"
         or bool(args.layers)
@@ -380,6 +382,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=sorted(COMMAND_BUFFERS),
         default=EngineConfig.command_buffers,
         help="EngineConfig.command_buffers: XLA's CUDA graphs as XLA decides, or off",
+    )
+    p.add_argument(
+        "--layers-per-call",
+        type=int,
+        help="EngineConfig.forward_layers_per_call (default: the engine's, 8 on a GPU)",
     )
     p.add_argument("--compile-only", action="store_true", help="build and compile, then stop")
     p.add_argument("--render", metavar="DIR", help="only re-render E2E.md / e2e.png from DIR")

@@ -256,11 +256,21 @@ class EngineConfig:
     # Whether XLA may capture a step's kernels in CUDA graphs (its command buffers): "xla"
     # keeps XLA's default, "off" launches kernel by kernel. No effect on the CPU.
     command_buffers: str = "xla"
+    # Decoder layers per executable of a forward step (forward_parts.py): XLA spends ~55 us of
+    # host time per 27B layer before the first kernel of an executable runs, so one call for
+    # all layers idles the GPU for ~4 ms; parts of a few layers let the GPU start after the
+    # first part while the host launches the rest. None: 8 on GPUs, every layer in one call
+    # elsewhere (a CPU step's launch cost is small next to its compute).
+    forward_layers_per_call: int | None = None
 
     def __post_init__(self) -> None:
         assert self.command_buffers in COMMAND_BUFFERS, (
             f"command_buffers must be one of {sorted(COMMAND_BUFFERS)}, "
             f"got {self.command_buffers!r}"
+        )
+        per_call = self.forward_layers_per_call
+        assert per_call is None or per_call >= 1, (
+            f"forward_layers_per_call must be None (automatic) or >= 1, got {per_call}"
         )
         assert self.page_size > 0, f"page_size must be > 0, got {self.page_size}"
         assert self.kv_pages >= 2, (

@@ -31,6 +31,7 @@ import numpy as np
 
 from prism_jax import model
 from prism_jax.config import COMMAND_BUFFERS, EngineConfig, ModelConfig
+from prism_jax.forward_parts import layers_per_call, part_leaf_indices, plan_parts
 from prism_jax.kv_pages import KVPool, init_kv_pool
 from prism_jax.step_buffers import Layout, forward_layout, pack, readout_layout, size, unpack
 
@@ -44,21 +45,35 @@ class Runner:
         # The forward takes the weights as a flat list of arrays: flattening the nnx params
         # pytree on every call cost milliseconds of host time per step; a list is C++-fast.
         self._param_leaves, self._param_tree = jax.tree.flatten(params)
+        # The forward runs as consecutive parts of a few layers each (forward_parts.py), each
+        # passed only the weights it reads.
+        per_call = layers_per_call(
+            engine.forward_layers_per_call, config.num_layers, jax.default_backend()
+        )
+        self.parts = plan_parts(config.num_layers, per_call)
+        self._part_leaves = part_leaf_indices(params, self.parts)
+        self._part_leaves_of = [[self._param_leaves[i] for i in ix] for ix in self._part_leaves]
         # Readouts take only the output embedding: passing the whole params pytree (hundreds
         # of leaves) to every readout call cost milliseconds of host time per step.
         self._embedding = model.output_embedding(params, config)
 
     # --- the jitted step functions (layouts are static: one jit per bucket) ----------------
-    def _forward_fn(self, layout: Layout):
-        config, tree = self.config, self._param_tree
+    def _forward_fn(self, layout: Layout, part: int):
+        config, tree, n = self.config, self._param_tree, len(self._param_leaves)
+        layers, indices = self.parts[part], self._part_leaves[part]
 
-        def fwd(leaves, kv, packed):
+        def fwd(leaves, kv, carry, packed):
             a = unpack(packed, layout)
             tables = model.PagedTables(
                 a["slot"], a["positions"], a["chain_of"], a["chain_segments"], a["pages_flat"]
             )
-            params = jax.tree.unflatten(tree, leaves)
-            return model.forward_paged(params, config, kv, a["tokens"], tables)
+            # Other parts' weights are never read here: None stands in for them, so the
+            # params pytree stays whole for bind() without their being passed.
+            full = [None] * n
+            for i, leaf in zip(indices, leaves, strict=True):
+                full[i] = leaf
+            params = jax.tree.unflatten(tree, full)
+            return model.forward_paged_part(params, config, kv, a["tokens"], carry, tables, layers)
 
         return jax.jit(fwd, donate_argnums=1)
 
@@ -103,23 +118,37 @@ class Runner:
         keys += [("lse", t, r) for t, r in itertools.product(e.token_buckets, e.row_buckets)]
         return keys
 
-    def _compile(self, key: tuple) -> jax.stages.Compiled:
+    def _part_args(self, part: int, t: int) -> tuple:
+        """Forward part `part`'s weights, pools and carry for a step of t tokens."""
+        layers = self.parts[part]
+        kv = self.kv[layers.start : layers.stop]
+        carry = None if part == 0 else (self._hidden_spec(t), self._hidden_spec(t))
+        return self._part_leaves_of[part], kv, carry
+
+    def _compile(self, key: tuple):
         kind, t = key[0], key[1]
-        if kind == "forward":
+        options = COMMAND_BUFFERS[self.engine.command_buffers]
+        self.compilations += 1
+        if kind == "forward":  # one executable per part
             layout = forward_layout(t, self.engine)
             packed = self._spec((size(layout),))
-            lowered = self._forward_fn(layout).lower(self._param_leaves, self.kv, packed)
-        elif kind == "readout":
+            return tuple(
+                self._forward_fn(layout, part)
+                .lower(*self._part_args(part, t), packed)
+                .compile(compiler_options=options)
+                for part in range(len(self.parts))
+            )
+        if kind == "readout":
             layout = readout_layout(key[2], key[3])
             packed = self._spec((size(layout),))
             lowered = self._readout_fn(layout).lower(self._embedding, self._hidden_spec(t), packed)
         else:
             rows = self._spec((key[2],))
             lowered = self._lse_fn().lower(self._embedding, self._hidden_spec(t), rows)
-        self.compilations += 1
-        return lowered.compile(compiler_options=COMMAND_BUFFERS[self.engine.command_buffers])
+        return lowered.compile(compiler_options=options)
 
-    def executable(self, key: tuple) -> jax.stages.Compiled:
+    def executable(self, key: tuple):
+        """The compiled executable of a bucket key; for ("forward", t) a tuple, one per part."""
         if key not in self._compiled:
             self._compiled[key] = self._compile(key)
         return self._compiled[key]
@@ -136,9 +165,17 @@ class Runner:
     def forward(self, arrays: Mapping[str, np.ndarray]) -> jax.Array:
         """Runs one padded step; the pool is donated and replaced. Returns hidden [T, D]."""
         t = arrays["tokens"].shape[0]
-        packed = pack(arrays, forward_layout(t, self.engine))  # one transfer, not six
-        hidden, self.kv = self.executable(("forward", t))(self._param_leaves, self.kv, packed)
-        return hidden
+        # One transfer for the step's integers, not six, and for all parts.
+        packed = jax.device_put(pack(arrays, forward_layout(t, self.engine)))
+        kv, carry = list(self.kv), None
+        for part, run in enumerate(self.executable(("forward", t))):
+            layers = self.parts[part]
+            pools = tuple(kv[layers.start : layers.stop])
+            carry, kv[layers.start : layers.stop] = run(
+                self._part_leaves_of[part], pools, carry, packed
+            )
+        self.kv = tuple(kv)
+        return carry
 
     def read(
         self, hidden: jax.Array, arrays: Mapping[str, np.ndarray]

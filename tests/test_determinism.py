@@ -9,6 +9,8 @@ benchmarks/gpu_suite.sh (the `device` parameter)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -126,6 +128,26 @@ def test_chunks_buckets_and_pages_keep_every_bit(setup, rng):
         engine.pool.free(taken)
     for a, b in zip(got, want, strict=True):
         _check(a, b, "with half of the pages taken")
+
+
+def test_forward_in_parts_keeps_every_bit(setup):
+    """(h) the forward as one executable per layer (EngineConfig.forward_layers_per_call, what
+    the GPU runs in parts of 8) against one executable for all layers, and a prefix-cache hit
+    on the pool the parts wrote."""
+    device, engine, qs, _ = setup
+    assert len(engine.runner.parts) == 1, "the reference runs every layer in one call"
+    batch = [qs[0], qs[3]]
+    want = _cold(device, engine, batch) + _cold(device, engine, [qs[4]])
+    split = dataclasses.replace(BUCKETS, forward_layers_per_call=1)
+    with jax.default_device(device):
+        parts = Engine(engine.config, engine.params, None, None, engine_config=split)
+    parts.root_len = ROOT
+    assert len(parts.runner.parts) == engine.config.num_layers
+    got = _run(device, parts, batch).probabilities
+    hit = _run(device, parts, [qs[4]])
+    assert hit.cached_tokens(0) == ROOT + TRUNK
+    for a, b in zip(got + hit.probabilities, want, strict=True):
+        _check(a, b, "forward in one-layer parts")
 
 
 def test_make_decide_fn_gives_the_engines_bits(setup):

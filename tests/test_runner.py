@@ -83,15 +83,23 @@ def test_warmup_compiles_every_bucket_once(engine):
 
 
 def test_each_call_gets_one_integer_buffer(engine):
-    """Every numpy input is its own host-to-device copy: the forward takes the weights, the
-    pool and one packed int32 buffer; the readout the embedding, hidden and one buffer."""
+    """Every numpy input is its own host-to-device copy: each forward part takes its layers'
+    weights, their pools, the previous part's carry and one packed int32 buffer; the readout
+    the embedding, hidden and one buffer."""
     runner = engine.runner
-    args, kwargs = runner.executable(("forward", 64)).args_info
-    assert not kwargs and len(args) == 3, "forward(weights, kv, packed)"
-    weights, kv, packed = args
-    assert len(weights) == len(runner._param_leaves)
-    assert all(a.donated for a in jax.tree.leaves(kv)), "the pool is updated in place"
-    assert packed.dtype == np.int32 and len(packed.shape) == 1
+    parts = runner.executable(("forward", 64))
+    assert len(parts) == len(runner.parts)
+    weights_passed = 0
+    for i, part in enumerate(parts):
+        args, kwargs = part.args_info
+        assert not kwargs and len(args) == 4, "forward part(weights, kv, carry, packed)"
+        weights, kv, carry, packed = args
+        weights_passed += len(weights)
+        assert len(kv) == len(runner.parts[i])
+        assert all(a.donated for a in jax.tree.leaves(kv)), "the pool is updated in place"
+        assert (carry is None) == (i == 0)
+        assert packed.dtype == np.int32 and len(packed.shape) == 1
+    assert weights_passed >= len(runner._param_leaves)
     args, kwargs = runner.executable(("readout", 64, 4, 8)).args_info
     assert not kwargs and len(args) == 3, "readout(embedding, hidden, packed)"
     assert args[2].dtype == np.int32 and len(args[2].shape) == 1

@@ -53,11 +53,12 @@ class PagedTables:
 
 @dataclasses.dataclass
 class PagedAttention:
-    """Tree attention over the pool; `kv` holds the updated per-layer pools after the pass."""
+    """Tree attention over the pool; `kv` maps each layer the pass runs to its (k, v) pools
+    and holds the updated pools after the pass."""
 
     config: ModelConfig
     tables: PagedTables
-    kv: list[tuple[jax.Array, jax.Array]]
+    kv: dict[int, tuple[jax.Array, jax.Array]]
 
     def __call__(self, layer: int, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         c, tb = self.config, self.tables

@@ -171,10 +171,14 @@ class Transformer(nnx.Module):
         self, tokens: jax.Array, positions: jax.Array, attention: AttentionBackend
     ) -> jax.Array:
         h = self.embed.lookup(tokens, self.config.embed_scale)  # (T, D)
-        delta = None
-        for layer in self.layers:
-            h, delta = layer(h, delta, positions, attention)
+        h, delta = self.run_layers(h, None, positions, attention, range(len(self.layers)))
         return self.final_norm(h + delta)
+
+    def run_layers(self, h, delta, positions, attention: AttentionBackend, layers: range):
+        """(h, delta) through the decoder layers `layers` (delta None before the first)."""
+        for i in layers:
+            h, delta = self.layers[i](h, delta, positions, attention)
+        return h, delta
 
     def output_embedding(self) -> jax.Array:
         return (self.lm_head or self.embed).table[...]  # (V, D)
@@ -265,9 +269,43 @@ def forward_paged(
     """
     assert len(kv) == config.num_layers, f"kv has {len(kv)} layers, the model {config.num_layers}"
     positions = jnp.maximum(tables.positions, 0)  # padding rows: any valid rope position
-    backend = PagedAttention(config, tables, list(kv))
+    backend = PagedAttention(config, tables, dict(enumerate(kv)))
     hidden = bind(params, config)(tokens, positions, backend)
-    return hidden, tuple(backend.kv)
+    return hidden, tuple(backend.kv[i] for i in range(config.num_layers))
+
+
+def forward_paged_part(
+    params: Params,
+    config: ModelConfig,
+    kv: tuple[tuple[jax.Array, jax.Array], ...],
+    tokens: jax.Array,
+    carry: tuple[jax.Array, jax.Array] | None,
+    tables: PagedTables,
+    layers: range,
+):
+    """forward_paged's layers `layers` only, so a step can run as several executables
+    (prism_jax/forward_parts.py); the parts in order compute forward_paged's bits.
+
+    Args:
+      kv: the pools of `layers` only (donate them).
+      tokens: the step's tokens (read by the part starting at layer 0 only).
+      carry: (h, delta) from the previous part; None for the first part.
+
+    Returns:
+      (carry for the next part, or the final-normed hidden [T, D] from the part ending at the
+      last layer; the pools of `layers` with this step's k/v written).
+    """
+    assert len(layers) >= 1 and layers.step == 1, f"layers must be a non-empty run, got {layers}"
+    assert 0 <= layers.start and layers.stop <= config.num_layers, f"{layers} outside the model"
+    assert len(kv) == len(layers), f"kv has {len(kv)} layers, the part {len(layers)}"
+    assert (carry is None) == (layers.start == 0), "only the first part starts without a carry"
+    positions = jnp.maximum(tables.positions, 0)
+    backend = PagedAttention(config, tables, dict(zip(layers, kv, strict=True)))
+    m = bind(params, config)
+    h, delta = carry if carry is not None else (m.embed.lookup(tokens, config.embed_scale), None)
+    h, delta = m.run_layers(h, delta, positions, backend, layers)
+    out = m.final_norm(h + delta) if layers.stop == config.num_layers else (h, delta)
+    return out, tuple(backend.kv[i] for i in layers)
 
 
 def _softcap(logits: jax.Array, cap: float) -> jax.Array:
