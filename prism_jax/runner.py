@@ -11,13 +11,13 @@ integer inputs travel packed in one buffer (step_buffers), and a readout gathers
 scores the candidates and returns one f32 array, so a step costs two calls (three when some
 row needs the vocabulary pass) and one device-to-host read.
 
-On the GPU XLA runs the forward as a CUDA graph (a command buffer: 1,182 commands for the 27B)
-and re-records it, ~4 ms of host time before its first kernel, whenever a buffer it uses has
-moved. The forward's packed input and hidden are fresh allocations each step; the engine drops
-a step's hidden before its next forward, so the allocator can hand the same blocks back, while
-a caller holding a hidden across the next forward of its bucket moves them (dispatch_probe.py's
-forward_held). Pinning both in donated buffers stopped the probe's re-records but did not speed
-up the engine's steps on the H200 (results/e2e_h200_session7/), so it is not done.
+On the GPU a forward step runs as several executables of consecutive layers (forward_parts.py:
+2, 4, then 8 layers each for the 27B): XLA spends ~55 us of host time per 27B layer before an
+executable's first kernel, so one executable for all layers kept the GPU idle ~4 ms per step,
+while with parts only the first (smallest) part's host work precedes the GPU. Each part is a
+CUDA graph (an XLA command buffer) that XLA re-records whenever a buffer it uses has moved; the
+engine drops a step's hidden before its next forward, so the allocator hands the same blocks
+back (dispatch_probe.py's forward_held measures a caller that holds it).
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@ the parts keep the single call's bits is tests/test_determinism.py's (h)."""
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import pytest
 
@@ -22,8 +24,19 @@ from tests.model.tiny import TINY_HF_CONFIGS
 def test_parts_cover_the_layers_in_order(layers, per_call):
     parts = plan_parts(layers, per_call)
     assert [i for part in parts for i in part] == list(range(layers))
-    assert all(1 <= len(part) <= per_call for part in parts)
-    assert all(len(part) == per_call for part in parts[:-1]), "only the last part is short"
+    sizes = [len(part) for part in parts]
+    if per_call >= layers:
+        assert sizes == [layers], "all layers in one call"
+    assert sizes[0] == max(1, per_call // 4) or per_call >= layers, "the ramp starts small"
+    assert all(1 <= n <= per_call for n in sizes)
+    assert all(b <= 2 * a for a, b in itertools.pairwise(sizes)), "each part at most doubles"
+    ramp_end = next((i for i, n in enumerate(sizes) if n == per_call), len(sizes))
+    assert all(n == per_call for n in sizes[ramp_end:-1]), "after the ramp, full parts"
+
+
+def test_the_27b_parts():
+    sizes = [len(part) for part in plan_parts(62, GPU_LAYERS_PER_CALL)]
+    assert sizes == [2, 4, 8, 8, 8, 8, 8, 8, 8]
 
 
 def test_layers_per_call_resolves_by_backend():
