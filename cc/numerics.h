@@ -7,7 +7,9 @@
 //   combined by a butterfly: for off in 16, 8, 4, 2, 1: lane[i] = lane[i] + lane[i + off].
 // A CUDA warp computes exactly this with __shfl_xor_sync, and the CPU emulates it, so sums of
 // squares and candidate logits are bit-identical across devices as well as across batches.
-// Floating-point flags that keep it so: CPU -ffp-contract=off, CUDA -fmad=false.
+// Floating-point flags that keep it so: CPU -ffp-contract=off, CUDA -fmad=false. The one
+// exception is attention's dot on CUDA, which fuses its multiply-adds explicitly
+// (tree_attention.h says why): CUDA and CPU attention agree to ulps there, not bits.
 #pragma once
 
 #include <cmath>

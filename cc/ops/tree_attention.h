@@ -27,11 +27,15 @@
 // slot says and reads where the chain says: slot[t] must address positions[t] in chain_of[t]'s
 // segments, and real tokens' slots must be distinct (padding tokens may share page 0).
 //
-// Numerics (DESIGN.md "Numerics contract"): scores are canonical dots (numerics.h) times
-// scale. Keys are processed in tiles of kAttnTile ABSOLUTE positions, [0, 64), [64, 128), ...
+// Numerics (DESIGN.md "Numerics contract"): scores are attention dots times scale: the
+// canonical order of numerics.h (lane partials, then the butterfly), where each lane partial
+// accumulates from +0 by fused multiply-add on CUDA (one rounding per element: half the
+// instructions of the two-op form, and attention is bound by them) and by multiply then add on
+// the CPU. Keys are processed in tiles of kAttnTile ABSOLUTE positions, [0, 64), [64, 128), ...
 // Tile j of a query gives a partial (mt = max score, lt = sum_i e_i, acct = sum_i e_i * v_i)
 // with e_i = expf(s_i - mt), summed over the tile's visible keys in increasing position from
-// +0 (mul then add). Tiles without a visible key are skipped. Partials are merged in increasing
+// +0 (acct fused on CUDA, multiply then add on the CPU). Every CUDA kernel gives the same bits
+// and the CPU handler its own; CUDA and CPU agree to a few ulps (the fused roundings and expf). Tiles without a visible key are skipped. Partials are merged in increasing
 // tile order by MergeFactors; out = acc / l (zero if no key was visible). So a query's bits
 // depend only on its q and the k/v at the positions it sees: not on T, its index, the pages,
 // the segment split, the step its prefix was written in, or other queries. (Tile partials do

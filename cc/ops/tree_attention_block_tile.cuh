@@ -10,14 +10,14 @@
 // token of the chain sees, and absent keys, are neither loaded nor used) and stages the K and V
 // rows in shared memory as f32; then TilePartials has warp w work alone on its kPW pairs:
 //   scores: lane x computes the dots of keys x and x + 32 with each of its pairs' q, serially in
-//     one thread but in the canonical order (numerics.h): lane partials of kVec elements from +0
-//     with separate mul and add (the butterfly levels whose offset is >= H / kVec add + 0, an
-//     identity here: TileScores says why), then the remaining levels as a tree (leaves visited
-//     in bit-reversed order, so each level adds partial[i] and partial[i + off] exactly as the
-//     xor shuffle does); s = dot * scale.
+//     one thread but in the attention dot's order (tree_attention.h): lane partials of kVec
+//     fused multiply-adds from +0, the butterfly levels whose offset is >= H / kVec as one
+//     `+ 0`, then the remaining levels as a tree (leaves visited in bit-reversed order, so each
+//     level adds partial[i] and partial[i + off] exactly as the xor shuffle does);
+//     s = dot * scale.
 //   max: TileStep's serial max as an exact (value, position) butterfly over the warp.
 //   e_i = expf(s_i - mt), then lane l owns H / 32 dimensions of each pair and adds lt and
-//     e_i * v_i over the visible keys in increasing position.
+//     e_i * v_i (fused) over the visible keys in increasing position.
 // Visibility is per pair (its token's position, window and chain): a 64-bit mask per pair,
 // uniform across the warp, so invisible keys are skipped exactly as AttendKernel skips them;
 // a pair whose mask is 0 has no partial for the tile (the caller skips its merge).
@@ -96,10 +96,12 @@ __device__ __forceinline__ void TileScores(const Smem& sm, float scale, int warp
       for (int u = 0; u < 2; ++u) {
         float acc = 0.0f;
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) acc = __fadd_rn(acc, __fmul_rn(qc[e], kc[u][e]));
-        // The butterfly's `+ 0` levels are identities here and are skipped: acc starts at +0
-        // and a round-to-nearest sum is -0 only when both terms are, so acc is never -0, and
-        // NaNs from the GPU's own arithmetic are already canonical.
+        for (int e = 0; e < kVec; ++e) acc = __fmaf_rn(qc[e], kc[u][e], acc);
+        // The butterfly's `+ 0` levels (offsets >= H / kVec): one `+ 0` stands for all of
+        // them. A fused sum can round to -0 (a negative product below the smallest denormal),
+        // which the first `+ 0` turns into +0, and `+ 0` leaves every other value (NaNs from
+        // the GPU's own arithmetic are already canonical). H = 256 has no such level.
+        if constexpr (S::kLog < 5) acc = __fadd_rn(acc, 0.0f);
         PushLeaf<S::kLog>(stack[i][u], acc, seq);
       }
     }
@@ -162,7 +164,7 @@ __device__ __forceinline__ void AddKey(float w, const float (&vv)[Shape<kH, kPW>
   pt->lt[i] = __fadd_rn(pt->lt[i], w);
 #pragma unroll
   for (int d = 0; d < Shape<kH, kPW>::kDims; ++d) {
-    pt->acct[i][d] = __fadd_rn(pt->acct[i][d], __fmul_rn(w, vv[d]));
+    pt->acct[i][d] = __fmaf_rn(w, vv[d], pt->acct[i][d]);
   }
 }
 

@@ -57,7 +57,8 @@ __global__ void __launch_bounds__(kWriteThreads)
   }
 }
 
-// Canonical dot of the lane's q chunks with key row k (all 32 lanes call it; all get the sum).
+// Attention dot (tree_attention.h) of the lane's q chunks with key row k (all 32 lanes call
+// it; all get the sum).
 template <typename KV, int kChunks>
 __device__ __forceinline__ float WarpDot(const float (&qv)[kChunks][kVec], const KV* k,
                                          int64_t h, int lane) {
@@ -71,7 +72,7 @@ __device__ __forceinline__ float WarpDot(const float (&qv)[kChunks][kVec], const
     LoadChunk(k + d0, cnt, kv);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
-      if (i < cnt) acc = __fadd_rn(acc, __fmul_rn(qv[c][i], kv[i]));
+      if (i < cnt) acc = __fmaf_rn(qv[c][i], kv[i], acc);
     }
   }
   return WarpButterflySum(acc);
@@ -122,7 +123,7 @@ __device__ void TileStep(const float (&qv)[kChunks][kVec], const KV* k_pool, con
         float vv[kVec];
         LoadChunk(v + d0, cnt, vv);
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) acct[c][i] = __fadd_rn(acct[c][i], __fmul_rn(w, vv[i]));
+        for (int i = 0; i < kVec; ++i) acct[c][i] = __fmaf_rn(w, vv[i], acct[c][i]);
       }
     }
   }

@@ -114,7 +114,7 @@ __device__ __forceinline__ void TileScores(const float (&qc)[kVec], const KV* k_
     for (int u = 0; u < kRounds; ++u) {
       float acc = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) acc = __fadd_rn(acc, __fmul_rn(qc[i], kv[u][i]));
+      for (int i = 0; i < kVec; ++i) acc = __fmaf_rn(qc[i], kv[u][i], acc);
 #pragma unroll
       for (int level = 0; level < 5; ++level) {
         const int off = (kWarpSize / 2) >> level;
@@ -171,7 +171,7 @@ __device__ __forceinline__ void TileStep(const float (&qc)[kVec], const KV* k_po
       const float w = ts->e[i0 + u];
       lt = __fadd_rn(lt, w);
 #pragma unroll
-      for (int d = 0; d < kDims; ++d) acct[d] = __fadd_rn(acct[d], __fmul_rn(w, vv[u][d]));
+      for (int d = 0; d < kDims; ++d) acct[d] = __fmaf_rn(w, vv[u][d], acct[d]);
     }
   }
   __syncwarp();  // the next tile overwrites the scratch
