@@ -167,14 +167,15 @@ class Runner:
         t = arrays["tokens"].shape[0]
         # One transfer for the step's integers, not six, and for all parts.
         packed = jax.device_put(pack(arrays, forward_layout(t, self.engine)))
-        kv, carry = list(self.kv), None
+        carry = None
         for part, run in enumerate(self.executable(("forward", t))):
             layers = self.parts[part]
+            kv = list(self.kv)
             pools = tuple(kv[layers.start : layers.stop])
             carry, kv[layers.start : layers.stop] = run(
                 self._part_leaves_of[part], pools, carry, packed
             )
-        self.kv = tuple(kv)
+            self.kv = tuple(kv)  # at once: a later part's failure leaves no donated pool here
         return carry
 
     def read(
