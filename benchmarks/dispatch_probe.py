@@ -37,10 +37,14 @@ import time
 from types import SimpleNamespace
 
 import jax
-from e2e_decide import PRESETS, build, scenarios  # benchmarks/ is sys.path[0] as a script
+from e2e_decide import (  # benchmarks/ is sys.path[0] as a script
+    PRESETS,
+    add_engine_options,
+    build,
+    scenarios,
+)
 from jax._src import stages
 
-from prism_jax.config import COMMAND_BUFFERS, EngineConfig
 from prism_jax.forest import build_forest
 from prism_jax.scheduler import place, plan_steps, release, step_arrays
 from prism_jax.step_buffers import forward_layout, pack
@@ -103,17 +107,7 @@ def main(argv=None) -> None:
     p.add_argument("--single-digit", action="store_true")
     p.add_argument("--layers", type=int, help="override the preset's layer count")
     p.add_argument("--engine-runs", default="", help="e2e scenarios to run whole, comma-separated")
-    p.add_argument(
-        "--command-buffers",
-        choices=sorted(COMMAND_BUFFERS),
-        default=EngineConfig.command_buffers,
-        help="EngineConfig.command_buffers: XLA's CUDA graphs as XLA decides, or off",
-    )
-    p.add_argument(
-        "--layers-per-call",
-        type=int,
-        help="EngineConfig.forward_layers_per_call (default: the engine's, 8 on a GPU)",
-    )
+    add_engine_options(p)
     args = p.parse_args(argv)
     config = PRESETS[args.preset]
     if args.single_digit:

@@ -295,6 +295,21 @@ def split_times(engine: Engine, s: Scenario, runs: int, chunk: int) -> dict:
 # --- setup and main ---------------------------------------------------------------------------
 
 
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    """The EngineConfig options `build` reads (also dispatch_probe.py's)."""
+    p.add_argument(
+        "--command-buffers",
+        choices=sorted(COMMAND_BUFFERS),
+        default=EngineConfig.command_buffers,
+        help="EngineConfig.command_buffers: XLA's CUDA graphs as XLA decides, or off",
+    )
+    p.add_argument(
+        "--layers-per-call",
+        type=int,
+        help="EngineConfig.forward_layers_per_call (default: the engine's, 8 on a GPU)",
+    )
+
+
 def build(config: ModelConfig, args, times: dict) -> tuple[Engine, Baseline | None]:
     start = time.perf_counter()
     params8 = jax.block_until_ready(model.init_random(config, "int8", args.seed))
@@ -377,17 +392,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="skip the bf16 baseline (engine probes: XLA flags, traces); rows are smoke rows",
     )
-    p.add_argument(
-        "--command-buffers",
-        choices=sorted(COMMAND_BUFFERS),
-        default=EngineConfig.command_buffers,
-        help="EngineConfig.command_buffers: XLA's CUDA graphs as XLA decides, or off",
-    )
-    p.add_argument(
-        "--layers-per-call",
-        type=int,
-        help="EngineConfig.forward_layers_per_call (default: the engine's, 8 on a GPU)",
-    )
+    add_engine_options(p)
     p.add_argument("--compile-only", action="store_true", help="build and compile, then stop")
     p.add_argument("--render", metavar="DIR", help="only re-render E2E.md / e2e.png from DIR")
     return p.parse_args(argv)

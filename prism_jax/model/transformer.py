@@ -268,10 +268,7 @@ def forward_paged(
       state depends only on its own chain's tokens, never on the rest of the step (int8).
     """
     assert len(kv) == config.num_layers, f"kv has {len(kv)} layers, the model {config.num_layers}"
-    positions = jnp.maximum(tables.positions, 0)  # padding rows: any valid rope position
-    backend = PagedAttention(config, tables, dict(enumerate(kv)))
-    hidden = bind(params, config)(tokens, positions, backend)
-    return hidden, tuple(backend.kv[i] for i in range(config.num_layers))
+    return forward_paged_part(params, config, kv, tokens, None, tables, range(config.num_layers))
 
 
 def forward_paged_part(
@@ -299,7 +296,7 @@ def forward_paged_part(
     assert 0 <= layers.start and layers.stop <= config.num_layers, f"{layers} outside the model"
     assert len(kv) == len(layers), f"kv has {len(kv)} layers, the part {len(layers)}"
     assert (carry is None) == (layers.start == 0), "only the first part starts without a carry"
-    positions = jnp.maximum(tables.positions, 0)
+    positions = jnp.maximum(tables.positions, 0)  # padding rows: any valid rope position
     backend = PagedAttention(config, tables, dict(zip(layers, kv, strict=True)))
     m = bind(params, config)
     h, delta = carry if carry is not None else (m.embed.lookup(tokens, config.embed_scale), None)
