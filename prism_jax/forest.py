@@ -43,7 +43,7 @@ class Forest:
     def add_segment(self, ids: tuple[int, ...], parent: int, start: int, cacheable: bool) -> int:
         """The segment for ids under parent; an identical one is reused."""
         assert ids, "a segment has at least one token"
-        key = (parent, tuple(map(int, ids)))  # map: a 4K-token state in ~50 us, not ~300
+        key = (parent, tuple(map(int, ids)))  # map, not a generator: a 4K-token state per step
         if key in self._index:
             return self._index[key]
         self.segments.append(Segment(key[1], parent, start, cacheable))
