@@ -10,22 +10,11 @@
 
 #include "cc/common.h"
 #include "cc/numerics.h"
+#include "cc/ops/norm_row.h"
 #include "cc/ops/quantize_rows.h"
 
 namespace prism {
 namespace {
-
-struct NormAttrs {
-  float eps;
-  float weight_offset;
-};
-
-// Normalises one row of already-summed activations h (f32) into y (f32 scratch).
-void NormRow(const float* h, const float* gamma, int64_t d, NormAttrs a, float* y) {
-  const float ss = CanonicalSumHost(d, [&](int64_t i) { return h[i] * h[i]; });
-  const float inv = InverseRms(ss, d, a.eps);
-  for (int64_t i = 0; i < d; ++i) y[i] = (h[i] * inv) * (a.weight_offset + gamma[i]);
-}
 
 // Runs the whole family for one activation dtype T; null pointers switch parts off.
 template <typename T>

@@ -311,9 +311,8 @@ def _llama3_scaling(inv: np.ndarray, r) -> np.ndarray:
 
 def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
     """Rotates x [T, n, H] by position, HF's half-split layout (rotate_half), in x's dtype."""
-    freqs = positions.astype(jnp.float32)[:, None] * jnp.asarray(inv_freq)[None, :]  # (T, H/2)
-    cos = jnp.cos(freqs).astype(x.dtype)[:, None, :]  # (T, 1, H/2)
-    sin = jnp.sin(freqs).astype(x.dtype)[:, None, :]
+    cos, sin = ops.rope_tables(positions, inv_freq)  # (T, H/2) fp32
+    cos, sin = cos.astype(x.dtype)[:, None, :], sin.astype(x.dtype)[:, None, :]  # (T, 1, H/2)
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]  # (T, n, H/2) each
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)

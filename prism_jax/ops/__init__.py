@@ -22,6 +22,7 @@ from prism_jax.ops.quantize import (
     quantize_rows,
     quantize_weight,
 )
+from prism_jax.ops.qkv_rope import qkv_rope, qkv_rope_supported, rope_tables
 from prism_jax.ops.quantize_digits import quantize_digits
 from prism_jax.ops.rmsnorm_quant import add_rmsnorm, add_rmsnorm_quant, rmsnorm, rmsnorm_quant
 from prism_jax.ops.tree_attention import pack_chains, tree_attention
@@ -41,11 +42,14 @@ __all__ = [
     "glu_quant_pair",
     "int8_gemm",
     "pack_chains",
+    "qkv_rope",
+    "qkv_rope_supported",
     "quantize_digits",
     "quantize_remainder",
     "quantize_rows",
     "quantize_weight",
     "register",
+    "rope_tables",
     "rmsnorm",
     "rmsnorm_quant",
     "tree_attention",

@@ -63,6 +63,14 @@ def check_ops(rng: np.random.Generator) -> None:
         (x, ids, counts),
         (emb,),
     )
+    qkv = jnp.asarray(rng.normal(size=(M, 2, 4, 32)), jnp.float32)  # K = 2, G = 2, H = 32
+    cos, sin = ops.rope_tables(jnp.arange(M, dtype=jnp.int32) * 37, np.full(16, 0.01, np.float32))
+    check(
+        "qkv_rope",
+        lambda a, c, s, g1, g2: ops.qkv_rope(a, c, s, g1, g2, eps=1e-6, weight_offset=1.0),
+        (qkv, cos, sin),
+        (g[:32], g[32:64]),
+    )
     check("vocab_logsumexp", lambda h, e: ops.vocab_logsumexp(h, e, softcap=30.0), (x,), (emb,))
 
 

@@ -1,0 +1,149 @@
+// prism_qkv_rope on CUDA; the specification is qkv_rope.h. One warp per (token, kv head, slot)
+// head row of H <= 256 elements: lane l holds elements [8 l, 8 l + 8), exactly its canonical
+// chunk (numerics.h), so the sum of squares is the lane's eight in increasing d and then the
+// butterfly (NormRegRowsKernel's bits for a row of H); lanes past H / 8 hold nothing and add
+// +0. The rotation's partner y[d +- H / 2] lives H / 16 lanes away and comes by one shuffle.
+// Every multiply and add is separately rounded (-fmad=false, and __fmul_rn / __fadd_rn).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cc/common.h"
+#include "cc/cuda_common.cuh"
+#include "cc/numerics.h"
+#include "cc/ops/qkv_rope.h"
+
+namespace prism {
+namespace {
+
+constexpr int kRopeWarps = 4;        // head rows per block
+constexpr int64_t kMaxRopeHead = kWarpSize * kVec;  // one chunk per lane
+
+struct QkvRopeArgs {
+  const float* qkv;
+  const float* cos;
+  const float* sin;
+  const float* q_gamma;
+  const float* k_gamma;
+  float* q;
+  float* k;
+  float* v;
+  QkvRopeDims dm;
+  float eps, weight_offset;
+  bool qk_norm;
+};
+
+__device__ __forceinline__ void Load8(const float* p, float (&v)[kVec]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void Store8(float* p, const float (&v)[kVec]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+
+__global__ void __launch_bounds__(kRopeWarps * kWarpSize) QkvRopeKernel(QkvRopeArgs a) {
+  const QkvRopeDims& dm = a.dm;
+  const int64_t slots = dm.g + 2;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRopeWarps + threadIdx.x / kWarpSize;
+  if (r >= dm.t * dm.k * slots) return;  // uniform per warp; no block barrier follows
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  const int live = static_cast<int>(dm.h / kVec);  // lanes holding elements
+  const int64_t slot = r % slots, tk = r / slots, t = tk / dm.k;
+  float x[kVec] = {};
+  if (lane < live) Load8(a.qkv + r * dm.h + lane * kVec, x);
+  if (slot == dm.g + 1) {  // v: a copy
+    if (lane < live) Store8(a.v + tk * dm.h + lane * kVec, x);
+    return;
+  }
+  const bool is_q = slot < dm.g;
+  if (a.qk_norm) {  // uniform per kernel
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) acc = __fadd_rn(acc, __fmul_rn(x[i], x[i]));
+    const float inv = InverseRms(WarpButterflySum(acc), dm.h, a.eps);
+    float gm[kVec] = {};
+    if (lane < live) Load8((is_q ? a.q_gamma : a.k_gamma) + lane * kVec, gm);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      x[i] = __fmul_rn(__fmul_rn(x[i], inv), __fadd_rn(a.weight_offset, gm[i]));
+    }
+  }
+  const int shift = live / 2;  // lanes between y[d] and y[d + H / 2]
+  const bool low = lane < shift;
+  const int partner = lane >= live ? lane : (low ? lane + shift : lane - shift);
+  float p[kVec];
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) p[i] = __shfl_sync(kFullMask, x[i], partner);
+  if (lane >= live) return;
+  float c[kVec], s[kVec];
+  const int64_t at = t * (dm.h / 2) + (low ? lane : lane - shift) * kVec;
+  Load8(a.cos + at, c);
+  Load8(a.sin + at, s);
+  float out[kVec];
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    const float yc = __fmul_rn(x[i], c[i]), ps = __fmul_rn(p[i], s[i]);
+    out[i] = low ? __fsub_rn(yc, ps) : __fadd_rn(yc, ps);
+  }
+  float* dst = is_q ? a.q + (tk * dm.g + slot) * dm.h : a.k + tk * dm.h;
+  Store8(dst + lane * kVec, out);
+}
+
+bool Aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+ffi::Error QkvRopeCuda(cudaStream_t stream, ffi::BufferR4<ffi::F32> qkv,
+                       ffi::BufferR2<ffi::F32> cos, ffi::BufferR2<ffi::F32> sin,
+                       ffi::BufferR1<ffi::F32> q_gamma, ffi::BufferR1<ffi::F32> k_gamma,
+                       ffi::Result<ffi::BufferR3<ffi::F32>> q,
+                       ffi::Result<ffi::BufferR3<ffi::F32>> k,
+                       ffi::Result<ffi::BufferR3<ffi::F32>> v, float eps, float weight_offset,
+                       int32_t qk_norm) {
+  QkvRopeArgs a{qkv.typed_data(), cos.typed_data(), sin.typed_data(), q_gamma.typed_data(),
+                k_gamma.typed_data(), q->typed_data(), k->typed_data(), v->typed_data(),
+                {}, eps, weight_offset, qk_norm != 0};
+  if (ffi::Error e = CheckQkvRope(qkv.dimensions(), cos.dimensions(), sin.dimensions(),
+                                  q_gamma.dimensions(), k_gamma.dimensions(), q->dimensions(),
+                                  k->dimensions(), v->dimensions(), &a.dm);
+      e.failure()) {
+    return e;
+  }
+  const std::string op = "prism_qkv_rope (CUDA): ";
+  PRISM_REQUIRE(a.dm.h % (2 * kVec) == 0 && a.dm.h <= kMaxRopeHead,
+                op + "the head dim must be a multiple of 16 up to 256, got " +
+                    std::to_string(a.dm.h) + " (ops.qkv_rope_supported says which the model "
+                    "routes here)");
+  for (const void* p : {static_cast<const void*>(a.qkv), static_cast<const void*>(a.cos),
+                        static_cast<const void*>(a.sin), static_cast<const void*>(a.q_gamma),
+                        static_cast<const void*>(a.k_gamma), static_cast<const void*>(a.q),
+                        static_cast<const void*>(a.k), static_cast<const void*>(a.v)}) {
+    PRISM_REQUIRE(Aligned(p), op + "every buffer must be 16-byte aligned");
+  }
+  const int64_t rows = a.dm.t * a.dm.k * (a.dm.g + 2);
+  if (rows == 0) return ffi::Error::Success();
+  const unsigned grid = static_cast<unsigned>(CeilDiv(rows, kRopeWarps));
+  QkvRopeKernel<<<grid, kRopeWarps * kWarpSize, 0, stream>>>(a);
+  return LaunchStatus("prism_qkv_rope");
+}
+
+}  // namespace
+}  // namespace prism
+
+namespace ffi = xla::ffi;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismQkvRopeCuda, prism::QkvRopeCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::BufferR4<ffi::F32>>()  // qkv [T, K, G + 2, H]
+                                  .Arg<ffi::BufferR2<ffi::F32>>()  // cos [T, H / 2]
+                                  .Arg<ffi::BufferR2<ffi::F32>>()  // sin [T, H / 2]
+                                  .Arg<ffi::BufferR1<ffi::F32>>()  // q_gamma [H]
+                                  .Arg<ffi::BufferR1<ffi::F32>>()  // k_gamma [H]
+                                  .Ret<ffi::BufferR3<ffi::F32>>()  // q [T, K * G, H]
+                                  .Ret<ffi::BufferR3<ffi::F32>>()  // k [T, K, H]
+                                  .Ret<ffi::BufferR3<ffi::F32>>()  // v [T, K, H]
+                                  .Attr<float>("eps")
+                                  .Attr<float>("weight_offset")
+                                  .Attr<int32_t>("qk_norm"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});

@@ -1,0 +1,116 @@
+"""qkv_rope: the fused q/k/v projection's output split, q and k normalised per head (qk-norm)
+and rotated by position, in one custom call (cc/ops/qkv_rope.h has the arithmetic):
+
+  qkv_rope(qkv [T, K, G + 2, H], cos, sin [T, H/2], q_gamma, k_gamma [H] or None)
+      -> q [T, K * G, H], k [T, K, H], v [T, K, H]        (all float32)
+
+Per kv head, qkv holds its G query heads, then its key, then its value (Attention's layout).
+It replaces two rmsnorm calls, the slices feeding them and XLA's rope fusions: on the H200
+each of those ~6 launches a layer cost 2-3 us at 256 tokens. The norm is rmsnorm's canonical
+arithmetic; the rotation rounds every product and sum separately, so the reference below is
+bitwise on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from prism_jax.ops import _checks
+from prism_jax.ops._registry import require_target
+from prism_jax.ops.dispatch import Impl, resolve_impl
+from prism_jax.ops.rmsnorm_quant import _normalize_reference
+
+_OP = "qkv_rope"
+
+
+def qkv_rope_supported(head_dim: int) -> bool:
+    """Head dims the CUDA kernel serves (one 8-element chunk per lane, the rotation's partner
+    a whole number of lanes away); the model keeps XLA's rope for others, on every device, so
+    CPU and GPU run the same computation. PRISM_QKV_ROPE=off routes every head dim to XLA's
+    rope (the unfused path, for A/B timings); unset or "on" leaves the choice to the head dim."""
+    switch = os.environ.get("PRISM_QKV_ROPE", "on")
+    if switch not in ("on", "off"):
+        raise ValueError(f"PRISM_QKV_ROPE must be unset, on or off; got {switch!r}")
+    return switch == "on" and head_dim % 16 == 0 and 16 <= head_dim <= 256
+
+
+def rope_tables(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+    """(cos, sin) float32 [T, H/2] of positions [T] times the inverse frequencies [H/2]."""
+    freqs = positions.astype(jnp.float32)[:, None] * jnp.asarray(inv_freq, jnp.float32)[None, :]
+    return jnp.cos(freqs), jnp.sin(freqs)
+
+
+def rotate_reference(y: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """y [T, n, H] rotated as the kernels do: y1 c - y2 s, y2 c + y1 s, every product and sum
+    rounded (the barrier keeps XLA from contracting a product and its sum into an FMA)."""
+    half = y.shape[-1] // 2
+    y1, y2 = y[..., :half], y[..., half:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    p = jax.lax.optimization_barrier((y1 * c, y2 * s, y2 * c, y1 * s))
+    return jnp.concatenate([p[0] - p[1], p[2] + p[3]], axis=-1)
+
+
+def _check(qkv, cos, sin, q_gamma, k_gamma) -> None:
+    f32 = [jnp.float32]
+    _checks.require(_OP, "qkv", qkv, rank=4, dtypes=f32, expected="[T, K, G + 2, H]")
+    t, _, slots, h = qkv.shape
+    if slots < 3 or h % 2:
+        raise ValueError(f"{_OP}: qkv must be [T, K, G + 2, H] with G >= 1 and H even, got "
+                         f"{_checks.describe(qkv)}")
+    for name, table in (("cos", cos), ("sin", sin)):
+        _checks.require(_OP, name, table, rank=2, dtypes=f32, expected=f"[{t}, {h // 2}]")
+        if table.shape != (t, h // 2):
+            raise ValueError(f"{_OP}: {name} must be [T, H/2] = [{t}, {h // 2}], got "
+                             f"{_checks.describe(table)}")
+    if (q_gamma is None) != (k_gamma is None):
+        raise ValueError(f"{_OP}: pass both q_gamma and k_gamma (qk-norm) or neither")
+    for name, g in (("q_gamma", q_gamma), ("k_gamma", k_gamma)):
+        if g is not None:
+            _checks.require(_OP, name, g, rank=1, dtypes=[jnp.float32, jnp.bfloat16],
+                            expected=f"[{h}]")
+            _checks.require_dim(_OP, name, g, 0, h, f"[H] with H = {h}")
+
+
+def _reference(qkv, cos, sin, q_gamma, k_gamma, eps: float, weight_offset: float):
+    t, kv, slots, h = qkv.shape
+    g = slots - 2
+    q = qkv[:, :, :g].reshape(t, kv * g, h)
+    k, v = qkv[:, :, g], qkv[:, :, g + 1]
+    if q_gamma is not None:
+        q = _normalize_reference(q, q_gamma, eps, weight_offset)
+        k = _normalize_reference(k, k_gamma, eps, weight_offset)
+    return rotate_reference(q, cos, sin), rotate_reference(k, cos, sin), v
+
+
+def qkv_rope(qkv, cos, sin, q_gamma=None, k_gamma=None, *, eps: float = 1e-6,
+             weight_offset: float = 0.0, impl: Impl | None = None):
+    """Splits qkv, normalises q and k per head (when the gammas are given) and rotates them.
+
+    Args:
+      qkv: float32 [T, K, G + 2, H], per kv head its G query heads, its key, its value.
+      cos, sin: float32 [T, H/2] (rope_tables).
+      q_gamma, k_gamma: [H] qk-norm weights, or both None for models without qk-norm.
+      eps, weight_offset: the norm's epsilon and weight offset (Gemma: 1, gamma is 1 + gamma).
+
+    Returns:
+      (q [T, K * G, H], k [T, K, H], v [T, K, H]), float32.
+    """
+    _check(qkv, cos, sin, q_gamma, k_gamma)
+    if resolve_impl(impl) == "reference":
+        return _reference(qkv, cos, sin, q_gamma, k_gamma, eps, weight_offset)
+    require_target("prism_qkv_rope")
+    t, kv, slots, h = qkv.shape
+    g = slots - 2
+    norm = q_gamma is not None
+    zeros = jnp.zeros((h,), jnp.float32)
+    outs = (jax.ShapeDtypeStruct((t, kv * g, h), jnp.float32),
+            jax.ShapeDtypeStruct((t, kv, h), jnp.float32),
+            jax.ShapeDtypeStruct((t, kv, h), jnp.float32))
+    call = jax.ffi.ffi_call("prism_qkv_rope", outs, vmap_method="sequential")
+    return call(qkv, cos, sin, q_gamma.astype(jnp.float32) if norm else zeros,
+                k_gamma.astype(jnp.float32) if norm else zeros, eps=np.float32(eps),
+                weight_offset=np.float32(weight_offset), qk_norm=np.int32(norm))

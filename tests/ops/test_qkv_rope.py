@@ -1,0 +1,112 @@
+"""qkv_rope (split, qk-norm, rotary in one custom call) against its reference, bitwise.
+
+The reference runs on the CPU: XLA's GPU sqrt and division are not IEEE correctly rounded,
+while the kernels' are (as for the norms)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from prism_jax import ops
+from prism_jax.ops.qkv_rope import rotate_reference
+from tests.conftest import assert_bitwise_equal, run_on
+from tests.ops.invariance import check_row_invariance
+
+# (T, K, G, H): one token and head; GQA groups of 1-3; Gemma's 128 and the 64 / 256 / 16 edges.
+SHAPES = [(1, 1, 1, 16), (3, 2, 2, 64), (5, 4, 2, 128), (2, 1, 3, 256), (9, 2, 4, 128)]
+STYLES = [dict(eps=1e-6, weight_offset=1.0), dict(eps=1e-6, weight_offset=0.0)]  # Gemma, Qwen3
+
+
+def inputs(rng, t, k, g, h, scale=1.0):
+    qkv = rng.normal(0, scale, (t, k, g + 2, h)).astype(np.float32)
+    qkv[t // 2, 0, 0] = 0.0  # an all-zero head row: the norm's inverse of eps alone
+    positions = rng.integers(-1, 32768, t).astype(np.int32)  # -1: a padding token
+    inv_freq = (1.0 / (10000.0 ** (np.arange(0, h, 2, dtype=np.float32) / h))).astype(np.float32)
+    cos, sin = run_on(jax.devices("cpu")[0], ops.rope_tables, positions, inv_freq)
+    gammas = [rng.normal(0, 0.5, h).astype(np.float32) for _ in range(2)]
+    return qkv, cos, sin, gammas
+
+
+def both(device, *args, **kwargs):
+    cpu = jax.devices("cpu")[0]
+    return (run_on(device, ops.qkv_rope, *args, **kwargs),
+            run_on(cpu, ops.qkv_rope, *args, impl="reference", **kwargs))
+
+
+@pytest.mark.parametrize("t,k,g,h", SHAPES)
+@pytest.mark.parametrize("style", STYLES)
+@pytest.mark.parametrize("qk_norm", [True, False])
+@pytest.mark.parametrize("scale", [1.0, 3e4])
+def test_qkv_rope_bitwise(device, rng, t, k, g, h, style, qk_norm, scale):
+    qkv, cos, sin, gammas = inputs(rng, t, k, g, h, scale)
+    args = (qkv, cos, sin, *(gammas if qk_norm else ()))
+    out, ref = both(device, *args, **style)
+    for name, a, b, shape in zip(("q", "k", "v"), out, ref,
+                                 ((t, k * g, h), (t, k, h), (t, k, h)), strict=True):
+        assert a.shape == shape and a.dtype == np.float32, f"{name}: {a.dtype} {a.shape}"
+        assert_bitwise_equal(a, b, name)
+    assert_bitwise_equal(out[2], qkv[:, :, g + 1], "v is qkv's value slot as it is")
+
+
+@pytest.mark.parametrize("t,k,g,h", [(5, 4, 2, 128), (2, 1, 3, 64)])
+def test_qkv_rope_norm_is_rmsnorm(device, rng, t, k, g, h):
+    """Its q and k norms have ops.rmsnorm's bits (the unfused path's), on the same device."""
+    qkv, cos, sin, (qg, kg) = inputs(rng, t, k, g, h)
+    style = dict(eps=1e-6, weight_offset=1.0)
+    q, kk, _ = run_on(device, ops.qkv_rope, qkv, cos, sin, qg, kg, **style)
+    qn = run_on(device, ops.rmsnorm, qkv[:, :, :g].reshape(t, k * g, h), qg, **style)
+    kn = run_on(device, ops.rmsnorm, qkv[:, :, g], kg, **style)
+    cpu = jax.devices("cpu")[0]
+    assert_bitwise_equal(q, run_on(cpu, rotate_reference, qn, cos, sin), "q")
+    assert_bitwise_equal(kk, run_on(cpu, rotate_reference, kn, cos, sin), "k")
+
+
+def test_qkv_rope_rotation_matches_hf_rope(rng):
+    """Without the norm, the rotation is HF's rotate-half rope (apply_rope) to within an ulp
+    of each product-sum (apply_rope may contract a product into an FMA; the kernel never)."""
+    from prism_jax.model.layers import apply_rope
+
+    t, k, g, h = 6, 2, 2, 128
+    qkv, cos, sin, _ = inputs(rng, t, k, g, h)
+    positions = np.arange(t, dtype=np.int32) * 977
+    inv_freq = (1.0 / (10000.0 ** (np.arange(0, h, 2, dtype=np.float32) / h))).astype(np.float32)
+    cos, sin = (np.asarray(a) for a in ops.rope_tables(positions, inv_freq))
+    q, kk, _ = ops.qkv_rope(qkv, cos, sin)
+    q_hf = apply_rope(qkv[:, :, :g].reshape(t, k * g, h), positions, inv_freq)
+    np.testing.assert_allclose(q, q_hf, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(kk, apply_rope(qkv[:, :, g], positions, inv_freq), rtol=1e-6,
+                               atol=1e-6)
+
+
+def test_qkv_rope_row_invariant(device, rng):
+    """A token's q, k and v do not depend on the other tokens of the step."""
+    k, g, h = 4, 2, 128
+    qkv, cos, sin, gammas = inputs(rng, 301, k, g, h)
+
+    def others(n):
+        return qkv[:n] * 0.5, cos[:n], sin[:n]
+
+    check_row_invariance(device, lambda x, c, s, qg, kg: ops.qkv_rope(x, c, s, qg, kg, eps=1e-6),
+                         (qkv[300], cos[300], sin[300]), others, shared_args=gammas)
+
+
+def test_qkv_rope_cuda_refuses_unsupported_head_dims(gpu, rng):
+    """Head dims the kernel cannot serve are an error naming what to do, never wrong numbers
+    (the model keeps XLA's rope for them: qkv_rope_supported)."""
+    assert not ops.qkv_rope_supported(80) and ops.qkv_rope_supported(128)
+    qkv, cos, sin, _ = inputs(rng, 2, 1, 1, 80)
+    with pytest.raises(Exception, match="multiple of 16"):
+        run_on(gpu, ops.qkv_rope, qkv, cos, sin)
+
+
+@pytest.mark.parametrize("call,needle", [
+    (lambda z: ops.qkv_rope(z(2, 1, 2, 8), z(2, 4), z(2, 4)), "G >= 1"),
+    (lambda z: ops.qkv_rope(z(2, 1, 3, 8), z(2, 3), z(2, 4)), "cos"),
+    (lambda z: ops.qkv_rope(z(2, 1, 3, 8), z(2, 4), z(2, 4), z(8)), "both"),
+    (lambda z: ops.qkv_rope(z(2, 1, 3, 8), z(2, 4), z(2, 4), z(8), z(7)), "k_gamma"),
+    (lambda z: ops.qkv_rope(z(2, 1, 3, 8).astype(jnp.bfloat16), z(2, 4), z(2, 4)), "qkv"),
+])
+def test_qkv_rope_bad_inputs(call, needle):
+    with pytest.raises(ValueError, match=needle):
+        call(lambda *s: np.zeros(s, np.float32))
