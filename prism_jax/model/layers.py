@@ -63,7 +63,6 @@ class Quantized(NamedTuple):
     s2: jax.Array | None = None
 
 
-
 def _param(shape: tuple[int, ...], dtype, axes: tuple[str | None, ...]) -> nnx.Param:
     assert len(axes) == len(shape), f"axes {axes} do not name every dim of {shape}"
     # eager_sharding=False: the names are metadata for a later mesh, not a request to shard now.

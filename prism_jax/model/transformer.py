@@ -78,8 +78,9 @@ class Attention(nnx.Module):
             # One custom call splits qkv, applies qk-norm and rotates (ops.qkv_rope).
             cos, sin = ops.rope_tables(positions, inv_freq)
             gammas = (self.q_norm.gamma[...], self.k_norm.gamma[...]) if c.qk_norm else ()
-            q, k, v = ops.qkv_rope(qkv, cos, sin, *gammas, eps=c.rms_norm_eps,
-                                   weight_offset=c.norm_weight_offset)
+            q, k, v = ops.qkv_rope(
+                qkv, cos, sin, *gammas, eps=c.rms_norm_eps, weight_offset=c.norm_weight_offset
+            )
         else:
             t, g = qkv.shape[0], c.num_groups
             q = qkv[:, :, :g].reshape(t, c.num_heads, c.head_dim)  # (T, N, H)

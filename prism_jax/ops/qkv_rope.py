@@ -59,19 +59,23 @@ def _check(qkv, cos, sin, q_gamma, k_gamma) -> None:
     _checks.require(_OP, "qkv", qkv, rank=4, dtypes=f32, expected="[T, K, G + 2, H]")
     t, _, slots, h = qkv.shape
     if slots < 3 or h % 2:
-        raise ValueError(f"{_OP}: qkv must be [T, K, G + 2, H] with G >= 1 and H even, got "
-                         f"{_checks.describe(qkv)}")
+        raise ValueError(
+            f"{_OP}: qkv must be [T, K, G + 2, H] with G >= 1 and H even, got "
+            f"{_checks.describe(qkv)}"
+        )
     for name, table in (("cos", cos), ("sin", sin)):
         _checks.require(_OP, name, table, rank=2, dtypes=f32, expected=f"[{t}, {h // 2}]")
         if table.shape != (t, h // 2):
-            raise ValueError(f"{_OP}: {name} must be [T, H/2] = [{t}, {h // 2}], got "
-                             f"{_checks.describe(table)}")
+            raise ValueError(
+                f"{_OP}: {name} must be [T, H/2] = [{t}, {h // 2}], got {_checks.describe(table)}"
+            )
     if (q_gamma is None) != (k_gamma is None):
         raise ValueError(f"{_OP}: pass both q_gamma and k_gamma (qk-norm) or neither")
     for name, g in (("q_gamma", q_gamma), ("k_gamma", k_gamma)):
         if g is not None:
-            _checks.require(_OP, name, g, rank=1, dtypes=[jnp.float32, jnp.bfloat16],
-                            expected=f"[{h}]")
+            _checks.require(
+                _OP, name, g, rank=1, dtypes=[jnp.float32, jnp.bfloat16], expected=f"[{h}]"
+            )
             _checks.require_dim(_OP, name, g, 0, h, f"[H] with H = {h}")
 
 
@@ -86,8 +90,17 @@ def _reference(qkv, cos, sin, q_gamma, k_gamma, eps: float, weight_offset: float
     return rotate_reference(q, cos, sin), rotate_reference(k, cos, sin), v
 
 
-def qkv_rope(qkv, cos, sin, q_gamma=None, k_gamma=None, *, eps: float = 1e-6,
-             weight_offset: float = 0.0, impl: Impl | None = None):
+def qkv_rope(
+    qkv,
+    cos,
+    sin,
+    q_gamma=None,
+    k_gamma=None,
+    *,
+    eps: float = 1e-6,
+    weight_offset: float = 0.0,
+    impl: Impl | None = None,
+):
     """Splits qkv, normalises q and k per head (when the gammas are given) and rotates them.
 
     Args:
@@ -107,10 +120,19 @@ def qkv_rope(qkv, cos, sin, q_gamma=None, k_gamma=None, *, eps: float = 1e-6,
     g = slots - 2
     norm = q_gamma is not None
     zeros = jnp.zeros((h,), jnp.float32)
-    outs = (jax.ShapeDtypeStruct((t, kv * g, h), jnp.float32),
-            jax.ShapeDtypeStruct((t, kv, h), jnp.float32),
-            jax.ShapeDtypeStruct((t, kv, h), jnp.float32))
+    outs = (
+        jax.ShapeDtypeStruct((t, kv * g, h), jnp.float32),
+        jax.ShapeDtypeStruct((t, kv, h), jnp.float32),
+        jax.ShapeDtypeStruct((t, kv, h), jnp.float32),
+    )
     call = jax.ffi.ffi_call("prism_qkv_rope", outs, vmap_method="sequential")
-    return call(qkv, cos, sin, q_gamma.astype(jnp.float32) if norm else zeros,
-                k_gamma.astype(jnp.float32) if norm else zeros, eps=np.float32(eps),
-                weight_offset=np.float32(weight_offset), qk_norm=np.int32(norm))
+    return call(
+        qkv,
+        cos,
+        sin,
+        q_gamma.astype(jnp.float32) if norm else zeros,
+        k_gamma.astype(jnp.float32) if norm else zeros,
+        eps=np.float32(eps),
+        weight_offset=np.float32(weight_offset),
+        qk_norm=np.int32(norm),
+    )

@@ -30,8 +30,10 @@ def inputs(rng, t, k, g, h, scale=1.0):
 
 def both(device, *args, **kwargs):
     cpu = jax.devices("cpu")[0]
-    return (run_on(device, ops.qkv_rope, *args, **kwargs),
-            run_on(cpu, ops.qkv_rope, *args, impl="reference", **kwargs))
+    return (
+        run_on(device, ops.qkv_rope, *args, **kwargs),
+        run_on(cpu, ops.qkv_rope, *args, impl="reference", **kwargs),
+    )
 
 
 @pytest.mark.parametrize("t,k,g,h", SHAPES)
@@ -42,8 +44,9 @@ def test_qkv_rope_bitwise(device, rng, t, k, g, h, style, qk_norm, scale):
     qkv, cos, sin, gammas = inputs(rng, t, k, g, h, scale)
     args = (qkv, cos, sin, *(gammas if qk_norm else ()))
     out, ref = both(device, *args, **style)
-    for name, a, b, shape in zip(("q", "k", "v"), out, ref,
-                                 ((t, k * g, h), (t, k, h), (t, k, h)), strict=True):
+    for name, a, b, shape in zip(
+        ("q", "k", "v"), out, ref, ((t, k * g, h), (t, k, h), (t, k, h)), strict=True
+    ):
         assert a.shape == shape and a.dtype == np.float32, f"{name}: {a.dtype} {a.shape}"
         assert_bitwise_equal(a, b, name)
     assert_bitwise_equal(out[2], qkv[:, :, g + 1], "v is qkv's value slot as it is")
@@ -75,8 +78,9 @@ def test_qkv_rope_rotation_matches_hf_rope(rng):
     q, kk, _ = ops.qkv_rope(qkv, cos, sin)
     q_hf = apply_rope(qkv[:, :, :g].reshape(t, k * g, h), positions, inv_freq)
     np.testing.assert_allclose(q, q_hf, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(kk, apply_rope(qkv[:, :, g], positions, inv_freq), rtol=1e-6,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        kk, apply_rope(qkv[:, :, g], positions, inv_freq), rtol=1e-6, atol=1e-6
+    )
 
 
 def test_qkv_rope_row_invariant(device, rng):
@@ -87,8 +91,13 @@ def test_qkv_rope_row_invariant(device, rng):
     def others(n):
         return qkv[:n] * 0.5, cos[:n], sin[:n]
 
-    check_row_invariance(device, lambda x, c, s, qg, kg: ops.qkv_rope(x, c, s, qg, kg, eps=1e-6),
-                         (qkv[300], cos[300], sin[300]), others, shared_args=gammas)
+    check_row_invariance(
+        device,
+        lambda x, c, s, qg, kg: ops.qkv_rope(x, c, s, qg, kg, eps=1e-6),
+        (qkv[300], cos[300], sin[300]),
+        others,
+        shared_args=gammas,
+    )
 
 
 def test_qkv_rope_cuda_refuses_unsupported_head_dims(gpu, rng):
@@ -100,13 +109,16 @@ def test_qkv_rope_cuda_refuses_unsupported_head_dims(gpu, rng):
         run_on(gpu, ops.qkv_rope, qkv, cos, sin)
 
 
-@pytest.mark.parametrize("call,needle", [
-    (lambda z: ops.qkv_rope(z(2, 1, 2, 8), z(2, 4), z(2, 4)), "G >= 1"),
-    (lambda z: ops.qkv_rope(z(2, 1, 3, 8), z(2, 3), z(2, 4)), "cos"),
-    (lambda z: ops.qkv_rope(z(2, 1, 3, 8), z(2, 4), z(2, 4), z(8)), "both"),
-    (lambda z: ops.qkv_rope(z(2, 1, 3, 8), z(2, 4), z(2, 4), z(8), z(7)), "k_gamma"),
-    (lambda z: ops.qkv_rope(z(2, 1, 3, 8).astype(jnp.bfloat16), z(2, 4), z(2, 4)), "qkv"),
-])
+@pytest.mark.parametrize(
+    "call,needle",
+    [
+        (lambda z: ops.qkv_rope(z(2, 1, 2, 8), z(2, 4), z(2, 4)), "G >= 1"),
+        (lambda z: ops.qkv_rope(z(2, 1, 3, 8), z(2, 3), z(2, 4)), "cos"),
+        (lambda z: ops.qkv_rope(z(2, 1, 3, 8), z(2, 4), z(2, 4), z(8)), "both"),
+        (lambda z: ops.qkv_rope(z(2, 1, 3, 8), z(2, 4), z(2, 4), z(8), z(7)), "k_gamma"),
+        (lambda z: ops.qkv_rope(z(2, 1, 3, 8).astype(jnp.bfloat16), z(2, 4), z(2, 4)), "qkv"),
+    ],
+)
 def test_qkv_rope_bad_inputs(call, needle):
     with pytest.raises(ValueError, match=needle):
         call(lambda *s: np.zeros(s, np.float32))
