@@ -12,6 +12,8 @@ Prints one JSON line per probe, medians over --runs calls after warm-up, in ms:
                      Python (its thunks launched), `done_ms` until its result is ready; each
                      result is dropped before the next call, as the engine drops its hidden
   forward_held       the same, each result kept until the next call has returned
+  readout_split      runner.read of that forward's hidden in parts: pack, the readout call
+                     returning, its result ready, the device-to-host copy, the whole read
   engine_runs        (--engine-runs) whole engine.run calls of the e2e scenarios as e2e_decide.py
                      times them: per run its wall ms and the device addresses of the forward's
                      hidden and KV pool, to see which buffer moves between runs when XLA
@@ -47,7 +49,7 @@ from jax._src import stages
 
 from prism_jax.forest import build_forest
 from prism_jax.scheduler import place, plan_steps, release, step_arrays
-from prism_jax.step_buffers import forward_layout, pack
+from prism_jax.step_buffers import forward_layout, pack, readout_layout
 
 
 class SlowPathCounter:
@@ -145,12 +147,42 @@ def main(argv=None) -> None:
         with SlowPathCounter() as slow:
             times = timed_call(lambda: runner.forward(arrays), args.runs, hold)
         row("forward_held" if hold else "forward", times, tokens=t, slow_calls=slow.count)
+    hidden = jax.block_until_ready(runner.forward(arrays))
+    print(json.dumps(readout_split(runner, hidden, arrays, args.runs)), flush=True)
     release(placements, engine.cache, True)
     for name in filter(None, args.engine_runs.split(",")):
         print(json.dumps(engine_runs(engine, config, name, args.runs)), flush=True)
     info = {"probe": "info", "device": jax.devices()[0].device_kind}
     info |= {"command_buffers": args.command_buffers, "layers": config.num_layers}
     print(json.dumps(info | {"forward_parts": len(runner.parts)}))
+
+
+def readout_split(runner, hidden, arrays, runs: int) -> dict:
+    """Where runner.read's host time goes, median ms per part over `runs` reads of a ready
+    hidden: packing the step's readout arrays, the call returning, its result being ready,
+    the device-to-host copy, and the whole runner.read for comparison."""
+    r, c = arrays["cand_ids"].shape
+    key = ("readout", hidden.shape[0], r, c)
+    exe, emb = runner.executable(key), runner._embedding  # noqa: SLF001 (what read passes)
+    runner.read(hidden, arrays)  # warm-up
+    parts: dict[str, list[float]] = {"pack": [], "call": [], "ready": [], "get": [], "read": []}
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        packed = pack(arrays, readout_layout(r, c))
+        t1 = time.perf_counter()
+        out = exe(emb, hidden, packed)
+        t2 = time.perf_counter()
+        jax.block_until_ready(out)
+        t3 = time.perf_counter()
+        jax.device_get(out)
+        t4 = time.perf_counter()
+        runner.read(hidden, arrays)
+        t5 = time.perf_counter()
+        for k, v in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
+            parts[k].append(1e3 * v)
+    return {"probe": "readout_split", "key": list(key)} | {
+        f"{k}_ms": statistics.median(v) for k, v in parts.items()
+    }
 
 
 def engine_runs(engine, config, name: str, runs: int) -> dict:

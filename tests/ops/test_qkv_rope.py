@@ -13,8 +13,9 @@ from prism_jax.ops.qkv_rope import rotate_reference
 from tests.conftest import assert_bitwise_equal, run_on
 from tests.ops.invariance import check_row_invariance
 
-# (T, K, G, H): one token and head; GQA groups of 1-3; Gemma's 128 and the 64 / 256 / 16 edges.
-SHAPES = [(1, 1, 1, 16), (3, 2, 2, 64), (5, 4, 2, 128), (2, 1, 3, 256), (9, 2, 4, 128)]
+# (T, K, G, H): one token and head; GQA groups of 1-4; Gemma's 128, the 16 / 256 edges, and 80
+# (the rotation's partner five lanes away).
+SHAPES = [(1, 1, 1, 16), (3, 2, 2, 64), (5, 4, 2, 128), (2, 1, 3, 256), (9, 2, 4, 80)]
 STYLES = [dict(eps=1e-6, weight_offset=1.0), dict(eps=1e-6, weight_offset=0.0)]  # Gemma, Qwen3
 
 
@@ -103,8 +104,8 @@ def test_qkv_rope_row_invariant(device, rng):
 def test_qkv_rope_cuda_refuses_unsupported_head_dims(gpu, rng):
     """Head dims the kernel cannot serve are an error naming what to do, never wrong numbers
     (the model keeps XLA's rope for them: qkv_rope_supported)."""
-    assert not ops.qkv_rope_supported(80) and ops.qkv_rope_supported(128)
-    qkv, cos, sin, _ = inputs(rng, 2, 1, 1, 80)
+    assert not ops.qkv_rope_supported(72) and ops.qkv_rope_supported(80)
+    qkv, cos, sin, _ = inputs(rng, 2, 1, 1, 72)
     with pytest.raises(Exception, match="multiple of 16"):
         run_on(gpu, ops.qkv_rope, qkv, cos, sin)
 
