@@ -14,6 +14,8 @@ Prints one JSON line per probe, medians over --runs calls after warm-up, in ms:
   forward_held       the same, each result kept until the next call has returned
   readout_split      runner.read of that forward's hidden in parts: pack, the readout call
                      returning, its result ready, the device-to-host copy, the whole read
+  readout_after_forward  runner.read of each forward's fresh hidden (as the engine reads),
+                     with the engine's readout executable and with one without command buffers
   engine_runs        (--engine-runs) whole engine.run calls of the e2e scenarios as e2e_decide.py
                      times them: per run its wall ms and the device addresses of the forward's
                      hidden and KV pool, to see which buffer moves between runs when XLA
@@ -49,7 +51,7 @@ from jax._src import stages
 
 from prism_jax.forest import build_forest
 from prism_jax.scheduler import place, plan_steps, release, step_arrays
-from prism_jax.step_buffers import forward_layout, pack, readout_layout
+from prism_jax.step_buffers import forward_layout, pack, readout_layout, size
 
 
 class SlowPathCounter:
@@ -149,6 +151,7 @@ def main(argv=None) -> None:
         row("forward_held" if hold else "forward", times, tokens=t, slow_calls=slow.count)
     hidden = jax.block_until_ready(runner.forward(arrays))
     print(json.dumps(readout_split(runner, hidden, arrays, args.runs)), flush=True)
+    print(json.dumps(readout_after_forward(runner, arrays, args.runs)), flush=True)
     release(placements, engine.cache, True)
     for name in filter(None, args.engine_runs.split(",")):
         print(json.dumps(engine_runs(engine, config, name, args.runs)), flush=True)
@@ -183,6 +186,36 @@ def readout_split(runner, hidden, arrays, runs: int) -> dict:
     return {"probe": "readout_split", "key": list(key)} | {
         f"{k}_ms": statistics.median(v) for k, v in parts.items()
     }
+
+
+def readout_after_forward(runner, arrays, runs: int) -> dict:
+    """runner.read of each step's fresh hidden, right after its forward, as the engine reads
+    (e2e_decide's --profile readout_ms), with the readout compiled as the engine compiles it
+    and with XLA's command buffers off for it alone: whether a new hidden each step costs the
+    readout's CUDA graph a re-record."""
+    r, c = arrays["cand_ids"].shape
+    key = ("readout", arrays["tokens"].shape[0], r, c)
+    engine_exe = runner.executable(key)
+    layout = readout_layout(r, c)
+    lowered = runner._readout_fn(layout).lower(  # noqa: SLF001 (the engine's own function)
+        runner._embedding,
+        runner._hidden_spec(key[1]),
+        runner._spec((size(layout),)),  # noqa: SLF001
+    )
+    plain_exe = lowered.compile(compiler_options={"xla_gpu_enable_command_buffer": ""})
+    out = {"probe": "readout_after_forward", "key": list(key)}
+    for name, exe in (("engine", engine_exe), ("no_command_buffer", plain_exe)):
+        runner._compiled[key] = exe  # noqa: SLF001 (swapped in for this probe only)
+        times = []
+        for i in range(runs + 2):
+            hidden = jax.block_until_ready(runner.forward(arrays))
+            t0 = time.perf_counter()
+            runner.read(hidden, arrays)
+            if i >= 2:  # the first reads of a new executable record its graph
+                times.append(1e3 * (time.perf_counter() - t0))
+        out[f"{name}_ms"] = statistics.median(times)
+    runner._compiled[key] = engine_exe  # noqa: SLF001
+    return out
 
 
 def engine_runs(engine, config, name: str, runs: int) -> dict:

@@ -1,9 +1,12 @@
-// prism_qkv_rope on CUDA; the specification is qkv_rope.h. One warp per (token, kv head, slot)
-// head row of H <= 256 elements: lane l holds elements [8 l, 8 l + 8), exactly its canonical
-// chunk (numerics.h), so the sum of squares is the lane's eight in increasing d and then the
-// butterfly (NormRegRowsKernel's bits for a row of H); lanes past H / 8 hold nothing and add
-// +0. The rotation's partner y[d +- H / 2] lives H / 16 lanes away and comes by one shuffle.
-// Every multiply and add is separately rounded (-fmad=false, and __fmul_rn / __fadd_rn).
+// prism_qkv_rope on CUDA; the specification is qkv_rope.h. A head row of H <= 256 elements
+// takes a segment of W lanes of a warp (W: the power of two >= H / 8; 32 / W rows a warp):
+// sub-lane l holds elements [8 l, 8 l + 8), exactly canonical lane l's chunk (numerics.h), so
+// the sum of squares is the sub-lane's eight in increasing d, then the butterfly's levels below
+// W. The canonical levels at and above W add the partials of lanes that hold no element, +0,
+// which leaves a sum of squares (never -0) as it is: NormRegRowsKernel's bits for a row of H.
+// The rotation's partner y[d +- H / 2] lives H / 16 sub-lanes away and comes by one shuffle.
+// Every load (x, gamma, cos, sin) is issued before the first use, so a row costs one memory
+// round trip. Every multiply and add is separately rounded (-fmad=false, __fmul_rn / __fadd_rn).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -17,7 +20,7 @@
 namespace prism {
 namespace {
 
-constexpr int kRopeWarps = 4;        // head rows per block
+constexpr int kRopeWarps = 4;  // warps per block
 constexpr int64_t kMaxRopeHead = kWarpSize * kVec;  // one chunk per lane
 
 struct QkvRopeArgs {
@@ -43,44 +46,58 @@ __device__ __forceinline__ void Store8(float* p, const float (&v)[kVec]) {
   reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
 }
 
-__global__ void __launch_bounds__(kRopeWarps * kWarpSize) QkvRopeKernel(QkvRopeArgs a) {
+// Lanes per head row: the power of two holding H / 8 lanes.
+inline int SegmentLanes(int64_t h) {
+  int w = 1;
+  while (w < h / kVec) w *= 2;
+  return w;
+}
+
+__global__ void __launch_bounds__(kRopeWarps * kWarpSize)
+    QkvRopeKernel(QkvRopeArgs a, int seg) {
   const QkvRopeDims& dm = a.dm;
-  const int64_t slots = dm.g + 2;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRopeWarps + threadIdx.x / kWarpSize;
-  if (r >= dm.t * dm.k * slots) return;  // uniform per warp; no block barrier follows
-  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
-  const int live = static_cast<int>(dm.h / kVec);  // lanes holding elements
+  const int64_t slots = dm.g + 2, rows = dm.t * dm.k * slots;
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize), sub = lane % seg;
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kRopeWarps + threadIdx.x / kWarpSize;
+  const int64_t r = warp * (kWarpSize / seg) + lane / seg;
+  const int live = static_cast<int>(dm.h / kVec), shift = live / 2;  // lanes holding elements
+  const bool here = r < rows && sub < live;  // every lane stays for the shuffles below
   const int64_t slot = r % slots, tk = r / slots, t = tk / dm.k;
-  float x[kVec] = {};
-  if (lane < live) Load8(a.qkv + r * dm.h + lane * kVec, x);
-  if (slot == dm.g + 1) {  // v: a copy
-    if (lane < live) Store8(a.v + tk * dm.h + lane * kVec, x);
-    return;
+  const bool is_q = slot < dm.g, is_v = slot == dm.g + 1, low = sub < shift;
+  float x[kVec] = {}, gm[kVec] = {}, c[kVec] = {}, s[kVec] = {};
+  if (here) {
+    Load8(a.qkv + r * dm.h + sub * kVec, x);
+    if (!is_v) {
+      if (a.qk_norm) Load8((is_q ? a.q_gamma : a.k_gamma) + sub * kVec, gm);
+      const int64_t at = t * (dm.h / 2) + (low ? sub : sub - shift) * kVec;
+      Load8(a.cos + at, c);
+      Load8(a.sin + at, s);
+    }
   }
-  const bool is_q = slot < dm.g;
-  if (a.qk_norm) {  // uniform per kernel
+  if (a.qk_norm) {  // uniform per kernel; v rows compute it too and drop it
     float acc = 0.0f;
 #pragma unroll
     for (int i = 0; i < kVec; ++i) acc = __fadd_rn(acc, __fmul_rn(x[i], x[i]));
-    const float inv = InverseRms(WarpButterflySum(acc), dm.h, a.eps);
-    float gm[kVec] = {};
-    if (lane < live) Load8((is_q ? a.q_gamma : a.k_gamma) + lane * kVec, gm);
+    for (int off = seg / 2; off > 0; off /= 2) {
+      acc = __fadd_rn(acc, __shfl_xor_sync(kFullMask, acc, off));
+    }
+    const float inv = InverseRms(acc, dm.h, a.eps);
+    if (!is_v) {
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      x[i] = __fmul_rn(__fmul_rn(x[i], inv), __fadd_rn(a.weight_offset, gm[i]));
+      for (int i = 0; i < kVec; ++i) {
+        x[i] = __fmul_rn(__fmul_rn(x[i], inv), __fadd_rn(a.weight_offset, gm[i]));
+      }
     }
   }
-  const int shift = live / 2;  // lanes between y[d] and y[d + H / 2]
-  const bool low = lane < shift;
-  const int partner = lane >= live ? lane : (low ? lane + shift : lane - shift);
+  const int partner = sub >= live ? lane : (low ? lane + shift : lane - shift);
   float p[kVec];
 #pragma unroll
   for (int i = 0; i < kVec; ++i) p[i] = __shfl_sync(kFullMask, x[i], partner);
-  if (lane >= live) return;
-  float c[kVec], s[kVec];
-  const int64_t at = t * (dm.h / 2) + (low ? lane : lane - shift) * kVec;
-  Load8(a.cos + at, c);
-  Load8(a.sin + at, s);
+  if (!here) return;
+  if (is_v) {
+    Store8(a.v + tk * dm.h + sub * kVec, x);
+    return;
+  }
   float out[kVec];
 #pragma unroll
   for (int i = 0; i < kVec; ++i) {
@@ -88,7 +105,7 @@ __global__ void __launch_bounds__(kRopeWarps * kWarpSize) QkvRopeKernel(QkvRopeA
     out[i] = low ? __fsub_rn(yc, ps) : __fadd_rn(yc, ps);
   }
   float* dst = is_q ? a.q + (tk * dm.g + slot) * dm.h : a.k + tk * dm.h;
-  Store8(dst + lane * kVec, out);
+  Store8(dst + sub * kVec, out);
 }
 
 bool Aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -122,8 +139,10 @@ ffi::Error QkvRopeCuda(cudaStream_t stream, ffi::BufferR4<ffi::F32> qkv,
   }
   const int64_t rows = a.dm.t * a.dm.k * (a.dm.g + 2);
   if (rows == 0) return ffi::Error::Success();
-  const unsigned grid = static_cast<unsigned>(CeilDiv(rows, kRopeWarps));
-  QkvRopeKernel<<<grid, kRopeWarps * kWarpSize, 0, stream>>>(a);
+  const int seg = SegmentLanes(a.dm.h);
+  const int64_t warps = CeilDiv(rows, kWarpSize / seg);
+  const unsigned grid = static_cast<unsigned>(CeilDiv(warps, kRopeWarps));
+  QkvRopeKernel<<<grid, kRopeWarps * kWarpSize, 0, stream>>>(a, seg);
   return LaunchStatus("prism_qkv_rope");
 }
 
