@@ -11,6 +11,9 @@
   X("prism_rmsnorm_quant", PrismRmsNormQuantCpu, PrismRmsNormQuantCuda)        \
   X("prism_add_rmsnorm_quant", PrismAddRmsNormQuantCpu, PrismAddRmsNormQuantCuda) \
   X("prism_add_rmsnorm", PrismAddRmsNormCpu, PrismAddRmsNormCuda)              \
+  X("prism_norm_add_rmsnorm_quant", PrismNormAddRmsNormQuantCpu,               \
+    PrismNormAddRmsNormQuantCuda)                                              \
+  X("prism_norm_add_rmsnorm", PrismNormAddRmsNormCpu, PrismNormAddRmsNormCuda) \
   X("prism_glu_quant", PrismGluQuantCpu, PrismGluQuantCuda)                    \
   X("prism_glu_quant2", PrismGluQuant2Cpu, PrismGluQuant2Cuda)                 \
   X("prism_glu_quant2_sum", PrismGluQuant2SumCpu, PrismGluQuant2SumCuda)       \

@@ -26,6 +26,9 @@ struct NormArgs {
   int64_t d;
   float eps;
   float weight_offset;
+  // Gemma's post-norm fused in front (prism_norm_add_rmsnorm*): x is normalised with this
+  // weight (same eps and offset) and rounded to T before the residual add. Null: x as it is.
+  const float* x_gamma = nullptr;
 };
 
 // The value the CPU normalises when there is a residual: x + residual rounded to T.

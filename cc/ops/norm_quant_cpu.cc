@@ -3,6 +3,9 @@
 //   prism_rmsnorm_quant      x [M, D], gamma [D]            -> x_q s8 [M, D], s_x f32 [M]
 //   prism_add_rmsnorm_quant  x, residual [M, D], gamma [D]  -> x_q, s_x, h = x + residual
 //   prism_add_rmsnorm        x, residual [M, D], gamma [D]  -> y, h = x + residual
+//   prism_norm_add_rmsnorm_quant, prism_norm_add_rmsnorm: the two above with x_gamma [D] after
+//                            residual: h = rmsnorm(x, x_gamma) (rounded to x's dtype) + residual
+//                            (Gemma's post-norm fused in front of the next norm)
 // y = (h * inverse_rms) * (weight_offset + gamma); weight_offset is 1 for Gemma's (1 + γ).
 #include <algorithm>
 #include <cmath>
@@ -16,16 +19,28 @@
 namespace prism {
 namespace {
 
-// Runs the whole family for one activation dtype T; null pointers switch parts off.
+// Runs the whole family for one activation dtype T; null pointers switch parts off. x_gamma
+// (the fused post-norm, with residual): x is first normalised with it and rounded to T, as
+// prism_rmsnorm stores it, and that is what the residual is added to.
 template <typename T>
 void NormRows(const T* x, const T* residual, const float* gamma, int64_t m, int64_t d,
-              NormAttrs a, T* h_out, T* y_out, int8_t* q_out, float* s_out) {
+              NormAttrs a, T* h_out, T* y_out, int8_t* q_out, float* s_out,
+              const float* x_gamma = nullptr) {
   std::vector<float> scratch(2 * d);  // host scratch: CPU handlers may allocate, CUDA ones not
   float* h = scratch.data();
   float* y = h + d;
   for (int64_t r = 0; r < m; ++r) {
+    if (x_gamma != nullptr) {  // y = rmsnorm(x, x_gamma) stored as T, then added below
+      for (int64_t i = 0; i < d; ++i) h[i] = ToF32(x[r * d + i]);
+      NormRow(h, x_gamma, d, a, y);
+      for (int64_t i = 0; i < d; ++i) {
+        T stored;
+        FromF32(y[i], &stored);
+        y[i] = ToF32(stored);
+      }
+    }
     for (int64_t i = 0; i < d; ++i) {
-      float v = ToF32(x[r * d + i]);
+      float v = x_gamma != nullptr ? y[i] : ToF32(x[r * d + i]);
       if (residual != nullptr) {
         // The residual stream is stored in T; normalise the stored (rounded) value.
         T stored;
@@ -90,50 +105,70 @@ ffi::Error RmsNormQuantCpu(ffi::AnyBuffer x, ffi::BufferR1<ffi::F32> gamma,
   return ffi::Error::Success();
 }
 
+// add_rmsnorm(_quant) and their fused-post-norm forms (x_gamma not null): h = [rmsnorm](x) +
+// residual, then y or (q, s) of h's norm; null outputs are not written.
+ffi::Error AddNorm(const ffi::AnyBuffer& x, const ffi::AnyBuffer& residual, const float* x_gamma,
+                   const ffi::BufferR1<ffi::F32>& gamma, ffi::AnyBuffer* y, ffi::AnyBuffer* h,
+                   int8_t* q, float* s, float eps, float weight_offset, const char* op) {
+  if (auto e = CheckRows(x, gamma, op); e.failure()) return e;
+  const std::string name(op);
+  PRISM_REQUIRE(residual.element_type() == x.element_type() &&
+                    residual.element_count() == x.element_count(),
+                name + ": residual must match x in shape and dtype");
+  PRISM_REQUIRE(h->element_type() == x.element_type() &&
+                    (y == nullptr || y->element_type() == x.element_type()),
+                name + ": y and h must have x's dtype");
+  const int64_t m = x.dimensions()[0], d = x.dimensions()[1];
+  const NormAttrs a{eps, weight_offset};
+  if (x.element_type() == ffi::DataType::F32) {
+    NormRows<float>(Data<float>(x), Data<float>(residual), gamma.typed_data(), m, d, a,
+                    h->reinterpret_data<float>(),
+                    y != nullptr ? y->reinterpret_data<float>() : nullptr, q, s, x_gamma);
+  } else {
+    NormRows<uint16_t>(Data<uint16_t>(x), Data<uint16_t>(residual), gamma.typed_data(), m, d,
+                       a, h->reinterpret_data<uint16_t>(),
+                       y != nullptr ? y->reinterpret_data<uint16_t>() : nullptr, q, s, x_gamma);
+  }
+  return ffi::Error::Success();
+}
+
 ffi::Error AddRmsNormQuantCpu(ffi::AnyBuffer x, ffi::AnyBuffer residual,
                               ffi::BufferR1<ffi::F32> gamma,
                               ffi::Result<ffi::BufferR2<ffi::S8>> x_q,
                               ffi::Result<ffi::BufferR1<ffi::F32>> s_x,
                               ffi::Result<ffi::AnyBuffer> h, float eps, float weight_offset) {
-  if (auto e = CheckRows(x, gamma, "prism_add_rmsnorm_quant"); e.failure()) return e;
-  PRISM_REQUIRE(residual.element_type() == x.element_type() &&
-                    residual.element_count() == x.element_count(),
-                "prism_add_rmsnorm_quant: residual must match x in shape and dtype");
-  const int64_t m = x.dimensions()[0], d = x.dimensions()[1];
-  const NormAttrs a{eps, weight_offset};
-  if (x.element_type() == ffi::DataType::F32) {
-    NormRows<float>(Data<float>(x), Data<float>(residual), gamma.typed_data(), m, d, a,
-                    h->reinterpret_data<float>(), nullptr, x_q->typed_data(),
-                    s_x->typed_data());
-  } else {
-    NormRows<uint16_t>(Data<uint16_t>(x), Data<uint16_t>(residual), gamma.typed_data(), m, d,
-                       a, h->reinterpret_data<uint16_t>(), nullptr, x_q->typed_data(),
-                       s_x->typed_data());
-  }
-  return ffi::Error::Success();
+  return AddNorm(x, residual, nullptr, gamma, nullptr, &*h, x_q->typed_data(), s_x->typed_data(),
+                 eps, weight_offset, "prism_add_rmsnorm_quant");
 }
 
 ffi::Error AddRmsNormCpu(ffi::AnyBuffer x, ffi::AnyBuffer residual,
                          ffi::BufferR1<ffi::F32> gamma, ffi::Result<ffi::AnyBuffer> y,
                          ffi::Result<ffi::AnyBuffer> h, float eps, float weight_offset) {
-  if (auto e = CheckRows(x, gamma, "prism_add_rmsnorm"); e.failure()) return e;
-  PRISM_REQUIRE(residual.element_type() == x.element_type() &&
-                    residual.element_count() == x.element_count(),
-                "prism_add_rmsnorm: residual must match x in shape and dtype");
-  PRISM_REQUIRE(y->element_type() == x.element_type() && h->element_type() == x.element_type(),
-                "prism_add_rmsnorm: y and h must have x's dtype");
-  const int64_t m = x.dimensions()[0], d = x.dimensions()[1];
-  const NormAttrs a{eps, weight_offset};
-  if (x.element_type() == ffi::DataType::F32) {
-    NormRows<float>(Data<float>(x), Data<float>(residual), gamma.typed_data(), m, d, a,
-                    h->reinterpret_data<float>(), y->reinterpret_data<float>(), nullptr,
-                    nullptr);
-  } else {
-    NormRows<uint16_t>(Data<uint16_t>(x), Data<uint16_t>(residual), gamma.typed_data(), m, d,
-                       a, h->reinterpret_data<uint16_t>(), y->reinterpret_data<uint16_t>(),
-                       nullptr, nullptr);
-  }
-  return ffi::Error::Success();
+  return AddNorm(x, residual, nullptr, gamma, &*y, &*h, nullptr, nullptr, eps, weight_offset,
+                 "prism_add_rmsnorm");
+}
+
+ffi::Error NormAddRmsNormQuantCpu(ffi::AnyBuffer x, ffi::AnyBuffer residual,
+                                  ffi::BufferR1<ffi::F32> x_gamma,
+                                  ffi::BufferR1<ffi::F32> gamma,
+                                  ffi::Result<ffi::BufferR2<ffi::S8>> x_q,
+                                  ffi::Result<ffi::BufferR1<ffi::F32>> s_x,
+                                  ffi::Result<ffi::AnyBuffer> h, float eps,
+                                  float weight_offset) {
+  PRISM_REQUIRE(x_gamma.dimensions()[0] == x.dimensions()[1],
+                "prism_norm_add_rmsnorm_quant: x_gamma must be [D]");
+  return AddNorm(x, residual, x_gamma.typed_data(), gamma, nullptr, &*h, x_q->typed_data(),
+                 s_x->typed_data(), eps, weight_offset, "prism_norm_add_rmsnorm_quant");
+}
+
+ffi::Error NormAddRmsNormCpu(ffi::AnyBuffer x, ffi::AnyBuffer residual,
+                             ffi::BufferR1<ffi::F32> x_gamma, ffi::BufferR1<ffi::F32> gamma,
+                             ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> h,
+                             float eps, float weight_offset) {
+  PRISM_REQUIRE(x_gamma.dimensions()[0] == x.dimensions()[1],
+                "prism_norm_add_rmsnorm: x_gamma must be [D]");
+  return AddNorm(x, residual, x_gamma.typed_data(), gamma, &*y, &*h, nullptr, nullptr, eps,
+                 weight_offset, "prism_norm_add_rmsnorm");
 }
 
 }  // namespace
@@ -176,5 +211,28 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismAddRmsNormQuantCpu, prism::AddRmsNormQuantCpu
                                   .Ret<ffi::BufferR2<ffi::S8>>()     // x_q [M, D]
                                   .Ret<ffi::BufferR1<ffi::F32>>()    // s_x [M]
                                   .Ret<ffi::AnyBuffer>()              // h = x + residual
+                                  .Attr<float>("eps")
+                                  .Attr<float>("weight_offset"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismNormAddRmsNormQuantCpu, prism::NormAddRmsNormQuantCpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()              // x [M, D] f32|bf16
+                                  .Arg<ffi::AnyBuffer>()              // residual [M, D]
+                                  .Arg<ffi::BufferR1<ffi::F32>>()    // x_gamma [D]
+                                  .Arg<ffi::BufferR1<ffi::F32>>()    // gamma [D]
+                                  .Ret<ffi::BufferR2<ffi::S8>>()     // x_q [M, D]
+                                  .Ret<ffi::BufferR1<ffi::F32>>()    // s_x [M]
+                                  .Ret<ffi::AnyBuffer>()              // h
+                                  .Attr<float>("eps")
+                                  .Attr<float>("weight_offset"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismNormAddRmsNormCpu, prism::NormAddRmsNormCpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()              // x [M, D] f32|bf16
+                                  .Arg<ffi::AnyBuffer>()              // residual [M, D]
+                                  .Arg<ffi::BufferR1<ffi::F32>>()    // x_gamma [D]
+                                  .Arg<ffi::BufferR1<ffi::F32>>()    // gamma [D]
+                                  .Ret<ffi::AnyBuffer>()              // y [M, D] x's dtype
+                                  .Ret<ffi::AnyBuffer>()              // h
                                   .Attr<float>("eps")
                                   .Attr<float>("weight_offset"));

@@ -22,6 +22,7 @@
 #include "cc/cuda_common.cuh"
 #include "cc/numerics.h"
 #include "cc/ops/norm_args.cuh"
+#include "cc/ops/norm_launch.cuh"
 #include "cc/ops/norm_reg_rows.cuh"
 #include "cc/ops/norm_split_rows.cuh"
 
@@ -157,42 +158,16 @@ __global__ void __launch_bounds__(kStaged ? kMaxThreads : kStreamThreads)
   }
 }
 
-// PRISM_RMSNORM_KERNEL (tests and benchmarks compare the kernels bitwise): unset or empty
-// chooses by shape; "block" forces the one-block-per-row kernel for D > kStride (shorter rows
-// always take a register kernel); "reg1", "reg2", "reg4", "reg8" force the register kernels
-// with that many warps per row for D <= kMaxRegChunks * kStride, "lean2", "lean4", "lean8"
-// the split kernels' lean form (norm_split_rows.cuh). Returns 0 for "by shape", -1 for
-// "block", the warps otherwise (plus kForceLean for the lean form); an unknown value is an
-// error, so a typo cannot silently test the default kernel.
-constexpr int kForceLean = 100;
-ffi::Error ForcedKernel(int* forced) {
-  const char* env = std::getenv("PRISM_RMSNORM_KERNEL");
-  const std::string name = env != nullptr ? env : "";
-  static constexpr struct {
-    const char* name;
-    int forced;
-  } kChoices[] = {{"", 0}, {"block", -1}, {"reg1", 1}, {"reg2", 2}, {"reg4", 4}, {"reg8", 8},
-                      {"lean2", kForceLean + 2}, {"lean4", kForceLean + 4},
-                      {"lean8", kForceLean + 8}};
-  for (const auto& choice : kChoices) {
-    if (name == choice.name) {
-      *forced = choice.forced;
-      return ffi::Error::Success();
-    }
-  }
-  return ffi::Error::InvalidArgument(
-      "PRISM_RMSNORM_KERNEL must be unset, block, reg1, reg2, reg4, reg8, lean2, lean4 or lean8; "
-      "got " + name);
-}
-
 static_assert(kMaxRegChunks <= 2 * kMaxSplitChunks, "two warps must hold the longest register row");
 
+}  // namespace
+
 template <typename T>
-ffi::Error Launch(cudaStream_t stream, int64_t m, const NormArgs<T>& a, const char* op) {
+ffi::Error LaunchNorm(cudaStream_t stream, int64_t m, const NormArgs<T>& a, const char* op) {
   if (m == 0) return ffi::Error::Success();
   PRISM_REQUIRE(m <= 0x7fffffff, std::string(op) + ": too many rows for one grid");
   int forced = 0;
-  if (auto e = ForcedKernel(&forced); e.failure()) return e;
+  if (auto e = ForcedNormKernel(&forced); e.failure()) return e;
   const unsigned grid = static_cast<unsigned>(m);
   if (a.d <= kStride || (a.d <= kMaxRegChunks * kStride && forced != -1)) {
     const bool lean = forced > kForceLean || (forced == 0 && m >= kLeanRows);
@@ -211,6 +186,11 @@ ffi::Error Launch(cudaStream_t stream, int64_t m, const NormArgs<T>& a, const ch
   }
   return LaunchStatus(op);
 }
+template ffi::Error LaunchNorm<float>(cudaStream_t, int64_t, const NormArgs<float>&, const char*);
+template ffi::Error LaunchNorm<uint16_t>(cudaStream_t, int64_t, const NormArgs<uint16_t>&,
+                                         const char*);
+
+namespace {
 
 ffi::Error CheckRows(const ffi::AnyBuffer& x, const ffi::BufferR1<ffi::F32>& gamma,
                      const char* op) {
@@ -244,10 +224,10 @@ ffi::Error Run(cudaStream_t stream, const ffi::AnyBuffer& x, const ffi::AnyBuffe
                float eps, float weight_offset, const char* op) {
   const int64_t m = x.dimensions()[0];
   if (x.element_type() == ffi::DataType::F32) {
-    return Launch(stream, m, MakeArgs<float>(x, residual, gamma, h, y, q, s, eps, weight_offset),
+    return LaunchNorm(stream, m, MakeArgs<float>(x, residual, gamma, h, y, q, s, eps, weight_offset),
                   op);
   }
-  return Launch(stream, m, MakeArgs<uint16_t>(x, residual, gamma, h, y, q, s, eps, weight_offset),
+  return LaunchNorm(stream, m, MakeArgs<uint16_t>(x, residual, gamma, h, y, q, s, eps, weight_offset),
                 op);
 }
 

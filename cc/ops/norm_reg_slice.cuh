@@ -124,6 +124,38 @@ struct RegSlice {
     if (a.residual != nullptr) AddResidual(a, off, rv);
   }
 
+  // The fused post-norm's loads (NormArgs::x_gamma): h = x, rv = residual, all in flight
+  // together; AddNormedResidual completes h once x's inverse RMS (inv_x) is known.
+  __device__ __forceinline__ void LoadPreNorm(const NormArgs<T>& a, int64_t off,
+                                              RegChunk<T> (&rv)[kChunks]) {
+    Load(a.x + off, h);
+    Load(a.residual + off, rv);
+  }
+
+  // h = ((x * inv_x) * (weight_offset + x_gamma)) rounded to T (prism_rmsnorm's y as stored),
+  // then h + rv rounded to T, written to a.h: the unfused post-norm and AddResidual's bits.
+  __device__ __forceinline__ void AddNormedResidual(const NormArgs<T>& a, int64_t off,
+                                                    const RegChunk<T> (&rv)[kChunks],
+                                                    float inv_x) {
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      float w[kVec];
+      LoadWeightsOf(a.x_gamma, a.weight_offset, j, w);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        h[j].SetRounded(i, __fmul_rn(__fmul_rn(h[j].Get(i), inv_x), w[i]));
+      }
+    }
+    AddResidual(a, off, rv);
+  }
+
+  // w = weight_offset + gamma for the slice's elements (NormChunk's second factor).
+  __device__ __forceinline__ void LoadWeights(const NormArgs<T>& a,
+                                              float (&w)[kChunks][kVec]) const {
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) LoadWeightsOf(a.gamma, a.weight_offset, j, w[j]);
+  }
+
   // LoadRow without the weights (NormSplitRowsKernel's lean form): only h stays in registers
   // through the reduction, and YAmax / CodesFromH read gamma afterwards.
   __device__ __forceinline__ void LoadRowLean(const NormArgs<T>& a, int64_t off) {
@@ -214,31 +246,24 @@ struct RegSlice {
   }
 
  private:
-  // w = weight_offset + gamma for the slice's elements (NormChunk's second factor).
-  __device__ __forceinline__ void LoadWeights(const NormArgs<T>& a,
-                                              float (&w)[kChunks][kVec]) const {
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) LoadWeightsOf(a, j, w[j]);
-  }
-
   __device__ __forceinline__ void YOf(const NormArgs<T>& a, int j, float inv,
                                       float (&y)[kVec]) const {
     float w[kVec];
-    LoadWeightsOf(a, j, w);
+    LoadWeightsOf(a.gamma, a.weight_offset, j, w);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) y[i] = __fmul_rn(__fmul_rn(h[j].Get(i), inv), w[i]);
   }
 
-  __device__ __forceinline__ void LoadWeightsOf(const NormArgs<T>& a, int j,
+  __device__ __forceinline__ void LoadWeightsOf(const float* gamma, float offset, int j,
                                                 float (&w)[kVec]) const {
     float g[kVec] = {};
     if constexpr (kFull) {
-      LoadVec(a.gamma + at[j], g);
+      LoadVec(gamma + at[j], g);
     } else if (cnt[j] > 0) {
-      LoadChunk(a.gamma + at[j], cnt[j], g);
+      LoadChunk(gamma + at[j], cnt[j], g);
     }
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) w[i] = __fadd_rn(a.weight_offset, g[i]);
+    for (int i = 0; i < kVec; ++i) w[i] = __fadd_rn(offset, g[i]);
   }
 
   // h = h + rv rounded to T (as LoadH), written to a.h.

@@ -70,7 +70,9 @@ constexpr int kLeanBlocks = 3;
 constexpr int64_t kLeanRows = 1024;  // rows from which the launcher takes the lean form
 
 // One block per row (blockIdx.x), blockDim.x / kWarpSize warps. kChunks >= each warp's share.
-template <typename T, int kChunks, bool kFull, bool kLean>
+// kPre: Gemma's post-norm fused in front (a.x_gamma, a.residual set): x's own inverse RMS is
+// chained first over the same slices, then h = rmsnorm(x) + residual (AddNormedResidual).
+template <typename T, int kChunks, bool kFull, bool kLean, bool kPre>
 __global__ void __launch_bounds__(kMaxSplit * kWarpSize, kLean ? kLeanBlocks : 1)
     NormSplitRowsKernel(NormArgs<T> a) {
   const int warps = static_cast<int>(blockDim.x / kWarpSize);
@@ -80,8 +82,14 @@ __global__ void __launch_bounds__(kMaxSplit * kWarpSize, kLean ? kLeanBlocks : 1
   const int chunks = static_cast<int>((a.d + kStride - 1) / kStride);  // per lane, whole row
   RegSlice<T, kChunks, kFull> s;
   s.Locate(a.d, lane, warp * chunks / warps, (warp + 1) * chunks / warps);
+  if constexpr (kPre) {
+    RegChunk<T> rv[kChunks];
+    s.LoadPreNorm(a, off, rv);
+    const float inv_x = ChainedInverseRms(s, a, warp, warps, lane);
+    s.AddNormedResidual(a, off, rv, inv_x);
+  }
   if constexpr (kLean) {
-    s.LoadRowLean(a, off);
+    if constexpr (!kPre) s.LoadRowLean(a, off);
     const float inv = ChainedInverseRms(s, a, warp, warps, lane);
     const float amax = s.YAmax(a, inv, a.y != nullptr ? a.y + off : nullptr);
     if (a.q == nullptr) return;  // uniform over the block: every warp skips the barrier below
@@ -91,7 +99,11 @@ __global__ void __launch_bounds__(kMaxSplit * kWarpSize, kLean ? kLeanBlocks : 1
     return;
   }
   float w[kChunks][kVec];  // gamma's, loaded with x: not a round trip after the reduction
-  s.LoadRow(a, off, w);
+  if constexpr (kPre) {
+    s.LoadWeights(a, w);
+  } else {
+    s.LoadRow(a, off, w);
+  }
   const float inv = ChainedInverseRms(s, a, warp, warps, lane);
   float y[kChunks][kVec];
   const float amax = s.Normalize(inv, w, y);
@@ -119,32 +131,34 @@ inline int SplitWarps(int64_t m, int64_t d, bool lean) {
   return warps;
 }
 
-template <typename T, int kChunks, bool kLean>
+template <typename T, int kChunks, bool kLean, bool kPre>
 void LaunchSplitRows(cudaStream_t stream, int64_t m, int warps, const NormArgs<T>& a) {
-  const unsigned grid = static_cast<unsigned>(m);
-  if (FullChunks(a)) {
-    NormSplitRowsKernel<T, kChunks, true, kLean><<<grid, warps * kWarpSize, 0, stream>>>(a);
+  const unsigned grid = static_cast<unsigned>(m), threads = warps * kWarpSize;
+  const bool aligned_x_gamma = (reinterpret_cast<uintptr_t>(a.x_gamma) & 15u) == 0;
+  if (FullChunks(a) && (!kPre || aligned_x_gamma)) {
+    NormSplitRowsKernel<T, kChunks, true, kLean, kPre><<<grid, threads, 0, stream>>>(a);
   } else {
-    NormSplitRowsKernel<T, kChunks, false, kLean><<<grid, warps * kWarpSize, 0, stream>>>(a);
+    NormSplitRowsKernel<T, kChunks, false, kLean, kPre><<<grid, threads, 0, stream>>>(a);
   }
 }
 
-template <typename T, int kChunks>
+template <typename T, int kChunks, bool kPre>
 void LaunchSplitRows(cudaStream_t stream, int64_t m, int warps, bool lean,
                      const NormArgs<T>& a) {
-  if (lean) return LaunchSplitRows<T, kChunks, true>(stream, m, warps, a);
-  LaunchSplitRows<T, kChunks, false>(stream, m, warps, a);
+  if (lean) return LaunchSplitRows<T, kChunks, true, kPre>(stream, m, warps, a);
+  LaunchSplitRows<T, kChunks, false, kPre>(stream, m, warps, a);
 }
 
 // The smallest instantiated chunk count holding each warp's share of a row of d; the caller
-// guarantees CeilDiv(CeilDiv(d, kStride), warps) <= kMaxSplitChunks.
-template <typename T>
+// guarantees CeilDiv(CeilDiv(d, kStride), warps) <= kMaxSplitChunks. kPre: a.x_gamma's fused
+// post-norm (the caller sets x_gamma and residual).
+template <typename T, bool kPre = false>
 void LaunchSplitRowsFor(cudaStream_t stream, int64_t m, int warps, bool lean,
                         const NormArgs<T>& a) {
   const int64_t per_warp = CeilDiv(CeilDiv(a.d, kStride), warps);
-  if (per_warp <= 3) return LaunchSplitRows<T, 3>(stream, m, warps, lean, a);
-  if (per_warp <= 6) return LaunchSplitRows<T, 6>(stream, m, warps, lean, a);
-  return LaunchSplitRows<T, kMaxSplitChunks>(stream, m, warps, lean, a);
+  if (per_warp <= 3) return LaunchSplitRows<T, 3, kPre>(stream, m, warps, lean, a);
+  if (per_warp <= 6) return LaunchSplitRows<T, 6, kPre>(stream, m, warps, lean, a);
+  return LaunchSplitRows<T, kMaxSplitChunks, kPre>(stream, m, warps, lean, a);
 }
 
 }  // namespace prism

@@ -225,31 +225,47 @@ class RMSNorm(nnx.Module):
             return ops.rmsnorm(x, self.gamma[...], eps=self.eps, weight_offset=self.offset)
         return _rmsnorm_float(x, self.gamma[...], self.eps, self.offset)
 
-    def project_input(self, h: jax.Array, delta: jax.Array | None, *, two_digit: bool = False):
-        """h += delta, then normalise h for a projection -> (projection input, new h).
+    def project_input(
+        self,
+        h: jax.Array,
+        delta: jax.Array | None,
+        *,
+        two_digit: bool = False,
+        delta_norm: RMSNorm | None = None,
+    ):
+        """h += delta (delta_norm(delta) when given), then normalise h for a projection ->
+        (projection input, new h).
 
-        int8 fuses the residual add, the norm and the row quantisation in one custom call;
-        two_digit (int8 only) adds and normalises in the float custom call instead
-        (ops.add_rmsnorm) and quantises the row and its remainder in a second one
-        (ops.quantize_digits: the digits stacked as the two-digit GEMM takes them).
+        int8 fuses delta_norm (Gemma's post-norm on the previous block's output), the residual
+        add, the norm and the row quantisation in one custom call; two_digit (int8 only) adds
+        and normalises in the float custom call instead (ops.add_rmsnorm) and quantises the
+        row and its remainder in a second one (ops.quantize_digits: the digits stacked as the
+        two-digit GEMM takes them).
         """
-        if self.precision == "int8" and two_digit:
+        if delta_norm is not None:
+            assert delta is not None, "delta_norm normalises delta: pass one"
+            assert (delta_norm.eps, delta_norm.offset) == (self.eps, self.offset), (
+                "the fused norms share eps and weight offset"
+            )
+        if self.precision != "int8":
+            if delta is not None:
+                h = h + (delta_norm(delta) if delta_norm is not None else delta)
+            return self(h), h
+        g = self.gamma[...]
+        norm = dict(eps=self.eps, weight_offset=self.offset)
+        if delta_norm is not None:
+            norm["x_gamma"] = delta_norm.gamma[...]
+        if two_digit:
             if delta is None:
                 y = self(h)  # (T, D) fp32, ops.rmsnorm
-            else:  # h + delta and the norm in one custom call
-                g = self.gamma[...]
-                y, h = ops.add_rmsnorm(delta, h, g, eps=self.eps, weight_offset=self.offset)
+            else:  # [delta's norm,] h + delta and the norm in one custom call
+                y, h = ops.add_rmsnorm(delta, h, g, **norm)
             return Quantized(*ops.quantize_digits(y.astype(jnp.float32), digits=2)), h
-        if self.precision == "int8":
-            g = self.gamma[...]
-            if delta is None:
-                q, s = ops.rmsnorm_quant(h, g, eps=self.eps, weight_offset=self.offset)
-                return Quantized(q, s), h
-            q, s, h = ops.add_rmsnorm_quant(delta, h, g, eps=self.eps, weight_offset=self.offset)
+        if delta is None:
+            q, s = ops.rmsnorm_quant(h, g, **norm)
             return Quantized(q, s), h
-        if delta is not None:
-            h = h + delta
-        return self(h), h
+        q, s, h = ops.add_rmsnorm_quant(delta, h, g, **norm)
+        return Quantized(q, s), h
 
 
 class Embedding(nnx.Module):

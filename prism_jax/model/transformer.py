@@ -11,7 +11,8 @@ H head dim, V vocab, R readout rows, C candidates per row.
 `jax.jit(forward, static_argnames="config")`. Modules hold weights only: no KV, no caches.
 
 Residual stream: each layer returns (h, delta) and the next norm adds delta into h, so the
-int8 model fuses "residual add + RMSNorm + quantise" into one custom call per norm.
+int8 model fuses "residual add + RMSNorm + quantise" into one custom call per norm; Gemma's
+post-norm on the added block output rides in the same call (RMSNorm.project_input delta_norm).
 """
 
 from __future__ import annotations
@@ -137,7 +138,6 @@ class DecoderLayer(nnx.Module):
 
     def __init__(self, config: ModelConfig, layer: int, precision: Precision) -> None:
         c, d = config, config.hidden_size
-        self.sandwich = c.sandwich_norms
         self.two_digit_qkv = "qkv" in c.int8_two_digit_rows
         self.two_digit_gate_up = "gate_up" in c.int8_two_digit_rows
         self.input_norm = RMSNorm(d, c, precision, "embed")
@@ -147,18 +147,18 @@ class DecoderLayer(nnx.Module):
         self.mlp = MLP(c, precision)
         self.post_mlp_norm = RMSNorm(d, c, precision, "embed") if c.sandwich_norms else None
 
-    def __call__(self, h, delta, positions, attention):
-        """(h, delta) -> (h + delta + attention, mlp output): the residual add of the MLP
-        output is left to the next layer's (or the final) norm."""
-        x, h = self.input_norm.project_input(h, delta, two_digit=self.two_digit_qkv)
+    def __call__(self, h, delta, positions, attention, delta_norm: RMSNorm | None = None):
+        """(h, delta) -> (h + [delta_norm](delta) + attention, the MLP output before its
+        post-norm): the MLP output's post-norm (Gemma) and residual add are left to the next
+        norm, which fuses them (run_layers passes this layer's post_mlp_norm as delta_norm)."""
+        x, h = self.input_norm.project_input(
+            h, delta, two_digit=self.two_digit_qkv, delta_norm=delta_norm
+        )
         o = self.attn(x, positions, attention)  # (T, D)
-        if self.sandwich:
-            o = self.post_attn_norm(o)
-        x, h = self.pre_mlp_norm.project_input(h, o, two_digit=self.two_digit_gate_up)
-        d = self.mlp(x)  # (T, D)
-        if self.sandwich:
-            d = self.post_mlp_norm(d)
-        return h, d
+        x, h = self.pre_mlp_norm.project_input(
+            h, o, two_digit=self.two_digit_gate_up, delta_norm=self.post_attn_norm
+        )
+        return h, self.mlp(x)  # (T, D)
 
 
 class Transformer(nnx.Module):
@@ -183,10 +183,15 @@ class Transformer(nnx.Module):
         return self.final_norm(h + delta)
 
     def run_layers(self, h, delta, positions, attention: AttentionBackend, layers: range):
-        """(h, delta) through the decoder layers `layers` (delta None before the first)."""
+        """(h, delta) through the decoder layers `layers` (delta None before the first). Inside
+        the run each layer's MLP output goes to the next layer with its post-norm pending
+        (fused into that layer's input norm); the run's last applies its own, so a run's
+        (h, delta) is the same whatever runs a forward is cut into (forward_parts.py)."""
         for i in layers:
-            h, delta = self.layers[i](h, delta, positions, attention)
-        return h, delta
+            pending = self.layers[i - 1].post_mlp_norm if i > layers.start else None
+            h, delta = self.layers[i](h, delta, positions, attention, delta_norm=pending)
+        last = self.layers[layers.stop - 1].post_mlp_norm
+        return h, (last(delta) if last is not None else delta)
 
     def output_embedding(self) -> jax.Array:
         return (self.lm_head or self.embed).table[...]  # (V, D)

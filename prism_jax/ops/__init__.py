@@ -16,13 +16,13 @@ from prism_jax.ops.glu_quant import (
     glu_quant_pair,
 )
 from prism_jax.ops.int8_gemm import int8_gemm
+from prism_jax.ops.qkv_rope import qkv_rope, qkv_rope_supported, rope_tables
 from prism_jax.ops.quantize import (
     dequantize_rows,
     quantize_remainder,
     quantize_rows,
     quantize_weight,
 )
-from prism_jax.ops.qkv_rope import qkv_rope, qkv_rope_supported, rope_tables
 from prism_jax.ops.quantize_digits import quantize_digits
 from prism_jax.ops.rmsnorm_quant import add_rmsnorm, add_rmsnorm_quant, rmsnorm, rmsnorm_quant
 from prism_jax.ops.tree_attention import pack_chains, tree_attention

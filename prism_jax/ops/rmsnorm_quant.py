@@ -3,6 +3,8 @@
   rmsnorm(x, gamma)                      -> y (x's dtype)             post-norms, qk-norm
   rmsnorm_quant(x, gamma)                -> (x_q int8, s_x f32)        before a projection
   add_rmsnorm_quant(x, residual, gamma)  -> (x_q, s_x, h = x + residual in x's dtype)
+  add_rmsnorm(x, residual, gamma)        -> (y, h)                      two-digit inputs
+  x_gamma= on the add_* forms: h = rmsnorm(x, x_gamma) + residual (Gemma's post-norm, fused)
 
 y = (h * 1/sqrt(mean(h^2) + eps)) * (weight_offset + gamma); Gemma uses weight_offset = 1.
 The sum of squares follows the canonical order (canonical.py), so the reference is bitwise.
@@ -26,13 +28,13 @@ def _check(op: str, x, gamma, residual=None) -> None:
         raise ValueError(f"{op}: x must be float32 or bfloat16 [..., D], got a scalar")
     _checks.require(op, "x", x, rank=x.ndim, dtypes=_checks.FLOAT_ACTIVATIONS, expected="[..., D]")
     d = x.shape[-1]
-    _checks.require(op, "gamma", gamma, rank=1, dtypes=[jnp.float32, jnp.bfloat16],
-                    expected=f"[{d}]")
+    _checks.require(
+        op, "gamma", gamma, rank=1, dtypes=[jnp.float32, jnp.bfloat16], expected=f"[{d}]"
+    )
     _checks.require_dim(op, "gamma", gamma, 0, d, f"[D] with D = {d} (x is {_checks.describe(x)})")
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
         raise ValueError(
-            f"{op}: residual must match x ({_checks.describe(x)}), got "
-            f"{_checks.describe(residual)}"
+            f"{op}: residual must match x ({_checks.describe(x)}), got {_checks.describe(residual)}"
         )
 
 
@@ -67,8 +69,14 @@ def rmsnorm(x, gamma, *, eps: float, weight_offset: float = 0.0, impl: Impl | No
         y = _normalize_reference(x.astype(jnp.float32), gamma, eps, weight_offset)
         return y.astype(x.dtype)
     x2 = _rows(x)
-    y = _ffi("prism_rmsnorm", jax.ShapeDtypeStruct(x2.shape, x.dtype), x2,
-             gamma.astype(jnp.float32), eps=eps, weight_offset=weight_offset)
+    y = _ffi(
+        "prism_rmsnorm",
+        jax.ShapeDtypeStruct(x2.shape, x.dtype),
+        x2,
+        gamma.astype(jnp.float32),
+        eps=eps,
+        weight_offset=weight_offset,
+    )
     return y.reshape(x.shape)
 
 
@@ -92,47 +100,119 @@ def rmsnorm_quant(x, gamma, *, eps: float, weight_offset: float = 0.0, impl: Imp
         jax.ShapeDtypeStruct(x2.shape, jnp.int8),
         jax.ShapeDtypeStruct(x2.shape[:1], jnp.float32),
     )
-    q, s = _ffi("prism_rmsnorm_quant", outs, x2, gamma.astype(jnp.float32), eps=eps,
-                weight_offset=weight_offset)
+    q, s = _ffi(
+        "prism_rmsnorm_quant",
+        outs,
+        x2,
+        gamma.astype(jnp.float32),
+        eps=eps,
+        weight_offset=weight_offset,
+    )
     return q.reshape(x.shape), s.reshape(x.shape[:-1])
 
 
-def add_rmsnorm_quant(x, residual, gamma, *, eps: float, weight_offset: float = 0.0,
-                      impl: Impl | None = None):
+def _residual_sum_reference(x, residual, x_gamma, eps: float, weight_offset: float):
+    """h = [rmsnorm(x, x_gamma) rounded to x's dtype] + residual, rounded to x's dtype."""
+    if x_gamma is not None:  # the barrier keeps XLA from fusing its last product into the add
+        y = _normalize_reference(x.astype(jnp.float32), x_gamma, eps, weight_offset)
+        x = jax.lax.optimization_barrier(y.astype(x.dtype))
+    return (x.astype(jnp.float32) + residual.astype(jnp.float32)).astype(x.dtype)
+
+
+def _check_x_gamma(op: str, x, x_gamma) -> None:
+    if x_gamma is not None:
+        d = x.shape[-1]
+        _checks.require(
+            op, "x_gamma", x_gamma, rank=1, dtypes=[jnp.float32, jnp.bfloat16], expected=f"[{d}]"
+        )
+        _checks.require_dim(op, "x_gamma", x_gamma, 0, d, f"[D] with D = {d}")
+
+
+def add_rmsnorm_quant(
+    x,
+    residual,
+    gamma,
+    *,
+    eps: float,
+    weight_offset: float = 0.0,
+    x_gamma=None,
+    impl: Impl | None = None,
+):
     """h = x + residual (rounded to x's dtype), then rmsnorm_quant(h).
+
+    x_gamma: normalise x first (RMSNorm with this weight, the same eps and offset, rounded to
+    x's dtype), all in one custom call: Gemma's post-norm on the block output x, fused.
 
     Returns:
       (x_q int8 [..., D], s_x float32 [...], h [..., D] in x's dtype).
     """
     _check("add_rmsnorm_quant", x, gamma, residual)
+    _check_x_gamma("add_rmsnorm_quant", x, x_gamma)
     if resolve_impl(impl) == "reference":
-        h = (x.astype(jnp.float32) + residual.astype(jnp.float32)).astype(x.dtype)
+        h = _residual_sum_reference(x, residual, x_gamma, eps, weight_offset)
         q, s = quantize_rows(_normalize_reference(h.astype(jnp.float32), gamma, eps, weight_offset))
         return q, s, h
     x2 = _rows(x)
-    outs = (jax.ShapeDtypeStruct(x2.shape, jnp.int8),
-            jax.ShapeDtypeStruct(x2.shape[:1], jnp.float32),
-            jax.ShapeDtypeStruct(x2.shape, x.dtype))
-    q, s, h = _ffi("prism_add_rmsnorm_quant", outs, x2, _rows(residual),
-                   gamma.astype(jnp.float32), eps=eps, weight_offset=weight_offset)
+    outs = (
+        jax.ShapeDtypeStruct(x2.shape, jnp.int8),
+        jax.ShapeDtypeStruct(x2.shape[:1], jnp.float32),
+        jax.ShapeDtypeStruct(x2.shape, x.dtype),
+    )
+    target, pre = _pre_norm("prism_add_rmsnorm_quant", x_gamma)
+    q, s, h = _ffi(
+        target,
+        outs,
+        x2,
+        _rows(residual),
+        *pre,
+        gamma.astype(jnp.float32),
+        eps=eps,
+        weight_offset=weight_offset,
+    )
     return q.reshape(x.shape), s.reshape(x.shape[:-1]), h.reshape(x.shape)
 
 
-def add_rmsnorm(x, residual, gamma, *, eps: float, weight_offset: float = 0.0,
-                impl: Impl | None = None):
+def add_rmsnorm(
+    x,
+    residual,
+    gamma,
+    *,
+    eps: float,
+    weight_offset: float = 0.0,
+    x_gamma=None,
+    impl: Impl | None = None,
+):
     """h = x + residual (rounded to x's dtype), then rmsnorm(h) with float output, in one
-    custom call (the two-digit INT8 path quantises y itself, ops.quantize_digits).
+    custom call (the two-digit INT8 path quantises y itself, ops.quantize_digits). x_gamma:
+    as add_rmsnorm_quant's.
 
     Returns:
       (y [..., D], h [..., D]), both in x's dtype.
     """
     _check("add_rmsnorm", x, gamma, residual)
+    _check_x_gamma("add_rmsnorm", x, x_gamma)
     if resolve_impl(impl) == "reference":
-        h = (x.astype(jnp.float32) + residual.astype(jnp.float32)).astype(x.dtype)
+        h = _residual_sum_reference(x, residual, x_gamma, eps, weight_offset)
         y = _normalize_reference(h.astype(jnp.float32), gamma, eps, weight_offset)
         return y.astype(x.dtype), h
     x2 = _rows(x)
     outs = (jax.ShapeDtypeStruct(x2.shape, x.dtype), jax.ShapeDtypeStruct(x2.shape, x.dtype))
-    y, h = _ffi("prism_add_rmsnorm", outs, x2, _rows(residual), gamma.astype(jnp.float32),
-                eps=eps, weight_offset=weight_offset)
+    target, pre = _pre_norm("prism_add_rmsnorm", x_gamma)
+    y, h = _ffi(
+        target,
+        outs,
+        x2,
+        _rows(residual),
+        *pre,
+        gamma.astype(jnp.float32),
+        eps=eps,
+        weight_offset=weight_offset,
+    )
     return y.reshape(x.shape), h.reshape(x.shape)
+
+
+def _pre_norm(target: str, x_gamma) -> tuple[str, tuple]:
+    """The custom call and its extra argument: prism_norm_* takes x_gamma after residual."""
+    if x_gamma is None:
+        return target, ()
+    return target.replace("prism_", "prism_norm_", 1), (x_gamma.astype(jnp.float32),)
