@@ -14,8 +14,8 @@ Prints one JSON line per probe, medians over --runs calls after warm-up, in ms:
   forward_held       the same, each result kept until the next call has returned
   readout_split      runner.read of that forward's hidden in parts: pack, the readout call
                      returning, its result ready, the device-to-host copy, the whole read
-  readout_after_forward  runner.read of each forward's fresh hidden (as the engine reads),
-                     with the engine's readout executable and with one without command buffers
+  readout_after_forward  runner.read of each forward's fresh hidden: right after it is
+                     ready, after a sleep, in parts, and forward + read in the engine's order
   engine_runs        (--engine-runs) whole engine.run calls of the e2e scenarios as e2e_decide.py
                      times them: per run its wall ms and the device addresses of the forward's
                      hidden and KV pool, to see which buffer moves between runs when XLA
@@ -51,7 +51,7 @@ from jax._src import stages
 
 from prism_jax.forest import build_forest
 from prism_jax.scheduler import place, plan_steps, release, step_arrays
-from prism_jax.step_buffers import forward_layout, pack, readout_layout, size
+from prism_jax.step_buffers import forward_layout, pack, readout_layout
 
 
 class SlowPathCounter:
@@ -189,33 +189,49 @@ def readout_split(runner, hidden, arrays, runs: int) -> dict:
 
 
 def readout_after_forward(runner, arrays, runs: int) -> dict:
-    """runner.read of each step's fresh hidden, right after its forward, as the engine reads
-    (e2e_decide's --profile readout_ms), with the readout compiled as the engine compiles it
-    and with XLA's command buffers off for it alone: whether a new hidden each step costs the
-    readout's CUDA graph a re-record."""
+    """runner.read of each step's fresh hidden, median ms: right after the forward is ready
+    (e2e_decide's --profile readout_ms), the same after a 3 ms sleep (is it something the
+    forward left running?), that read in parts (pack, call, ready, copy back), and the
+    engine's own order, forward then read unblocked, against the forward alone."""
     r, c = arrays["cand_ids"].shape
     key = ("readout", arrays["tokens"].shape[0], r, c)
-    engine_exe = runner.executable(key)
-    layout = readout_layout(r, c)
-    lowered = runner._readout_fn(layout).lower(  # noqa: SLF001 (the engine's own function)
-        runner._embedding,
-        runner._hidden_spec(key[1]),
-        runner._spec((size(layout),)),  # noqa: SLF001
-    )
-    plain_exe = lowered.compile(compiler_options={"xla_gpu_enable_command_buffer": ""})
+    exe, emb = runner.executable(key), runner._embedding  # noqa: SLF001 (what read passes)
+    names = ("after_ready", "after_sleep", "pack", "call", "ready", "get", "forward", "both")
+    times: dict[str, list[float]] = {k: [] for k in names}
+    for i in range(runs + 2):
+        row: dict[str, float] = {}
+        hidden = jax.block_until_ready(runner.forward(arrays))
+        t0 = time.perf_counter()
+        runner.read(hidden, arrays)
+        row["after_ready"] = time.perf_counter() - t0
+        hidden = jax.block_until_ready(runner.forward(arrays))
+        time.sleep(0.003)
+        t0 = time.perf_counter()
+        runner.read(hidden, arrays)
+        row["after_sleep"] = time.perf_counter() - t0
+        hidden = jax.block_until_ready(runner.forward(arrays))
+        t = [time.perf_counter()]
+        packed = pack(arrays, readout_layout(r, c))
+        t.append(time.perf_counter())
+        out = exe(emb, hidden, packed)
+        t.append(time.perf_counter())
+        jax.block_until_ready(out)
+        t.append(time.perf_counter())
+        jax.device_get(out)
+        t.append(time.perf_counter())
+        for k, a, b in zip(("pack", "call", "ready", "get"), t, t[1:], strict=False):
+            row[k] = b - a
+        t0 = time.perf_counter()
+        jax.block_until_ready(runner.forward(arrays))
+        row["forward"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        runner.read(runner.forward(arrays), arrays)
+        row["both"] = time.perf_counter() - t0
+        if i >= 2:  # warm-up
+            for k, v in row.items():
+                times[k].append(1e3 * v)
     out = {"probe": "readout_after_forward", "key": list(key)}
-    for name, exe in (("engine", engine_exe), ("no_command_buffer", plain_exe)):
-        runner._compiled[key] = exe  # noqa: SLF001 (swapped in for this probe only)
-        times = []
-        for i in range(runs + 2):
-            hidden = jax.block_until_ready(runner.forward(arrays))
-            t0 = time.perf_counter()
-            runner.read(hidden, arrays)
-            if i >= 2:  # the first reads of a new executable record its graph
-                times.append(1e3 * (time.perf_counter() - t0))
-        out[f"{name}_ms"] = statistics.median(times)
-    runner._compiled[key] = engine_exe  # noqa: SLF001
-    return out
+    return out | {f"{k}_ms": statistics.median(v) for k, v in times.items()}
 
 
 def engine_runs(engine, config, name: str, runs: int) -> dict:
