@@ -23,12 +23,17 @@ def test_tiny_probe_prints_every_row():
     rows = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
     probes = [r["probe"] for r in rows]
     calls = ["null_one_arg", "null_all_weights", "null_weights_kv", "forward", "forward_held"]
-    assert probes == [*calls, "engine_runs", "engine_runs", "info"]
+    reads = ["readout_split", "readout_after_forward"]
+    assert probes == [*calls, *reads, "engine_runs", "engine_runs", "info"]
     for r in rows[: len(calls)]:
         assert 0 < r["return_ms"] <= r["done_ms"], r
     assert rows[1]["args"] > 1 and rows[2]["kv"] > 1 and rows[3]["tokens"] == 256
-    assert [r["scenario"] for r in rows[5:7]] == ["one_question", "follow_up_4k"]
-    for r in rows[5:7]:
+    split, after = rows[5], rows[6]
+    assert split["key"] == after["key"] == ["readout", 256, 1, 4], (split, after)
+    assert all(split[f"{k}_ms"] > 0 for k in ("pack", "call", "ready", "get", "read")), split
+    assert after["both_ms"] > 0 and after["forward_ms"] > 0 and after["after_ready_ms"] > 0, after
+    assert [r["scenario"] for r in rows[7:9]] == ["one_question", "follow_up_4k"]
+    for r in rows[7:9]:
         assert len(r["wall_ms"]) == len(r["hidden_kv"]) == runs, r
         steps = [step for run in r["hidden_kv"] for step in run]
         assert steps and all(len(step) == 2 for step in steps), r
