@@ -34,6 +34,7 @@ Needs a GPU for meaningful numbers; on the CPU it runs as a smoke test (--preset
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -192,11 +193,15 @@ def readout_after_forward(runner, arrays, runs: int) -> dict:
     """runner.read of each step's fresh hidden, median ms: right after the forward is ready
     (e2e_decide's --profile readout_ms), the same after a 3 ms sleep (is it something the
     forward left running?), that read in parts (pack, call, ready, copy back), and the
-    engine's own order, forward then read unblocked, against the forward alone."""
+    engine's own order, forward then read unblocked, against the forward alone; then after a
+    fresh forward: a read of the previous hidden, a copy back of an unrelated tiny result,
+    and a read with Python's garbage collector off."""
     r, c = arrays["cand_ids"].shape
     key = ("readout", arrays["tokens"].shape[0], r, c)
     exe, emb = runner.executable(key), runner._embedding  # noqa: SLF001 (what read passes)
     names = ("after_ready", "after_sleep", "pack", "call", "ready", "get", "forward", "both")
+    names += ("old_hidden", "tiny_get", "no_gc")
+    tiny = jax.jit(lambda: jax.numpy.arange(8.0))  # an unrelated fresh 32-byte result
     times: dict[str, list[float]] = {k: [] for k in names}
     for i in range(runs + 2):
         row: dict[str, float] = {}
@@ -227,6 +232,21 @@ def readout_after_forward(runner, arrays, runs: int) -> dict:
         t0 = time.perf_counter()
         runner.read(runner.forward(arrays), arrays)
         row["both"] = time.perf_counter() - t0
+        old = hidden  # the next forward's hidden is fresh; this one is not
+        jax.block_until_ready(runner.forward(arrays))
+        t0 = time.perf_counter()
+        runner.read(old, arrays)
+        row["old_hidden"] = time.perf_counter() - t0
+        jax.block_until_ready(runner.forward(arrays))
+        t0 = time.perf_counter()
+        jax.device_get(tiny())
+        row["tiny_get"] = time.perf_counter() - t0
+        hidden = jax.block_until_ready(runner.forward(arrays))
+        gc.disable()
+        t0 = time.perf_counter()
+        runner.read(hidden, arrays)
+        row["no_gc"] = time.perf_counter() - t0
+        gc.enable()
         if i >= 2:  # warm-up
             for k, v in row.items():
                 times[k].append(1e3 * v)
