@@ -26,6 +26,7 @@ GROUPS = (
     ("int8_gemm", re.compile(r"cutlass|Int8GemmKernel|DecodeKernel|int8_gemm", re.I)),
     ("rmsnorm_quant", re.compile(r"Norm(Warp|Reg|Split)?RowsKernel")),
     ("glu_quant", re.compile(r"Glu2?(Sum)?RowsKernel")),
+    ("qkv_rope", re.compile(r"QkvRopeKernel")),
     ("candidate_head", re.compile(r"Candidate|Vocab(Tile|Merge)Kernel")),
     ("xla_dot", re.compile(r"gemm|nvjet|xmma|cublas|sm\d+_.*_(tn|nt|nn|tt)", re.I)),
     ("copies", re.compile(r"memcpy|memset|copy", re.I)),

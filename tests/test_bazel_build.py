@@ -17,22 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_extension import TARGETS  # every handler the extension registers
+
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_TIMEOUT_S = 20 * 60  # a cold CUDA build compiles CUTLASS kernels on 2 cores
-TARGETS = {
-    "prism_int8_gemm",
-    "prism_rmsnorm",
-    "prism_rmsnorm_quant",
-    "prism_add_rmsnorm_quant",
-    "prism_add_rmsnorm",
-    "prism_glu_quant",
-    "prism_glu_quant2",
-    "prism_glu_quant2_sum",
-    "prism_quantize_rows",
-    "prism_candidate_head",
-    "prism_vocab_logsumexp",
-    "prism_tree_attention",
-}
 
 pytestmark = [
     pytest.mark.slow,
