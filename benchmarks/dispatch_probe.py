@@ -189,18 +189,26 @@ def readout_split(runner, hidden, arrays, runs: int) -> dict:
     }
 
 
+def spin_until_ready(x):
+    """Polls x until it is ready, keeping the host thread busy (block_until_ready sleeps)."""
+    while not x.is_ready():
+        pass
+    return x
+
+
 def readout_after_forward(runner, arrays, runs: int) -> dict:
     """runner.read of each step's fresh hidden, median ms: right after the forward is ready
     (e2e_decide's --profile readout_ms), the same after a 3 ms sleep (is it something the
     forward left running?), that read in parts (pack, call, ready, copy back), and the
     engine's own order, forward then read unblocked, against the forward alone; then after a
     fresh forward: a read of the previous hidden, a copy back of an unrelated tiny result,
-    and a read with Python's garbage collector off."""
+    a read with Python's garbage collector off, a read after spinning (not sleeping) until
+    the forward is ready, and the engine's order with a spin before the copy back."""
     r, c = arrays["cand_ids"].shape
     key = ("readout", arrays["tokens"].shape[0], r, c)
     exe, emb = runner.executable(key), runner._embedding  # noqa: SLF001 (what read passes)
     names = ("after_ready", "after_sleep", "pack", "call", "ready", "get", "forward", "both")
-    names += ("old_hidden", "tiny_get", "no_gc")
+    names += ("old_hidden", "tiny_get", "no_gc", "after_spin", "both_spin")
     tiny = jax.jit(lambda: jax.numpy.arange(8.0))  # an unrelated fresh 32-byte result
     times: dict[str, list[float]] = {k: [] for k in names}
     for i in range(runs + 2):
@@ -247,6 +255,16 @@ def readout_after_forward(runner, arrays, runs: int) -> dict:
         runner.read(hidden, arrays)
         row["no_gc"] = time.perf_counter() - t0
         gc.enable()
+        hidden = spin_until_ready(runner.forward(arrays))  # the host thread never sleeps
+        t0 = time.perf_counter()
+        runner.read(hidden, arrays)
+        row["after_spin"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        hidden = runner.forward(arrays)
+        out = exe(emb, hidden, pack(arrays, readout_layout(r, c)))
+        out.copy_to_host_async()
+        jax.device_get(spin_until_ready(out))
+        row["both_spin"] = time.perf_counter() - t0
         if i >= 2:  # warm-up
             for k, v in row.items():
                 times[k].append(1e3 * v)
