@@ -39,20 +39,24 @@ class Region:
         return self.runs * self.size
 
 
-def read_sass(path: str) -> list[dict]:
-    """The SASS rows of an ncu source-page CSV (a title row, then the header, then one row per
-    instruction)."""
+def read_sass(path: str, kernel: int = 0) -> list[dict]:
+    """The SASS rows of one kernel of an ncu source-page CSV (per profiled launch: a title row,
+    then the header, then one row per instruction); `kernel` picks the launch, in file order."""
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
-    header_at = next((i for i, r in enumerate(rows) if EXECUTED in r and "Source" in r), None)
-    if header_at is None:
+    headers = [i for i, r in enumerate(rows) if EXECUTED in r and "Source" in r]
+    if not headers:
         raise ValueError(
             f"{path} has no '{EXECUTED}' column: export it with "
             "ncu -i REPORT --page source --print-source sass --csv"
         )
-    header = rows[header_at]
+    if not 0 <= kernel < len(headers):
+        raise ValueError(f"{path} holds {len(headers)} kernels; --kernel {kernel} is not one")
+    start = headers[kernel]
+    stop = headers[kernel + 1] - 1 if kernel + 1 < len(headers) else len(rows)  # its title row
+    header = rows[start]
     return [
-        dict(zip(header, r, strict=False)) for r in rows[header_at + 1 :] if len(r) == len(header)
+        dict(zip(header, r, strict=False)) for r in rows[start + 1 : stop] if len(r) == len(header)
     ]
 
 
@@ -103,8 +107,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("csv", help="ncu --page source --print-source sass --csv output")
     parser.add_argument("--top", type=int, default=15, help="regions to print, by stall samples")
+    parser.add_argument("--kernel", type=int, default=0, help="which profiled launch (0: first)")
     args = parser.parse_args()
-    print(report(regions(read_sass(args.csv)), args.top))
+    print(report(regions(read_sass(args.csv, args.kernel)), args.top))
     return 0
 
 

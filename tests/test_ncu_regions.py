@@ -11,11 +11,14 @@ import ncu_regions as nr  # noqa: E402
 HEADER = ["Address", "Source", nr.SAMPLES, "Warp Stall Sampling (Not-issued Samples)", nr.EXECUTED]
 
 
-def _write(path, lines):
-    """ncu's layout: a kernel-name row, the header, then one quoted row per instruction."""
-    rows = [["Kernel Name", "void k(float *)", ""], HEADER]
-    for i, (src, samples, executed) in enumerate(lines):
-        rows.append([hex(i * 16), src, str(samples), "0", f"{executed:,}"])
+def _write(path, *kernels):
+    """ncu's layout, per profiled launch: a kernel-name row, the header, then one quoted row
+    per instruction."""
+    rows = []
+    for lines in kernels:
+        rows += [["Kernel Name", "void k(float *)", ""], HEADER]
+        for i, (src, samples, executed) in enumerate(lines):
+            rows.append([hex(i * 16), src, str(samples), "0", f"{executed:,}"])
     path.write_text("\n".join(",".join(f'"{c}"' for c in r) for r in rows) + "\n")
 
 
@@ -46,3 +49,20 @@ def test_cli_rejects_a_details_export(tmp_path):
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode != 0 and "--page source" in proc.stderr
+
+
+def test_a_file_of_several_launches_reads_one(tmp_path):
+    first = [("MOV R1, c[0x0][0x28]", 5, 10), ("EXIT", 1, 10)]
+    second = [("FMUL R2, R3, R4", 7, 1000)]
+    _write(tmp_path / "src.csv", first, second)
+    assert [r["Source"] for r in nr.read_sass(str(tmp_path / "src.csv"))] == [
+        "MOV R1, c[0x0][0x28]",
+        "EXIT",
+    ]
+    assert [r["Source"] for r in nr.read_sass(str(tmp_path / "src.csv"), 1)] == ["FMUL R2, R3, R4"]
+    try:
+        nr.read_sass(str(tmp_path / "src.csv"), 2)
+    except ValueError as e:
+        assert "holds 2 kernels" in str(e)
+    else:
+        raise AssertionError("a kernel index past the file's launches must be an error")
