@@ -1,24 +1,27 @@
 """prism_jax.model: the decoder (Gemma 3, Llama, Qwen2, Qwen3) as Flax nnx modules driven by
-pure functions; see transformer.py for the API and layers.py for the three precisions."""
+pure functions; see transformer.py for the API, readout.py for scoring hidden states and
+layers.py for the three precisions."""
 
 from prism_jax.model.attention_backends import PagedTables
 from prism_jax.model.hf_weights import check_hf_tensors, hf_tensor_shapes, params_from_hf
 from prism_jax.model.layers import PRECISIONS
+from prism_jax.model.readout import (
+    candidate_head,
+    candidate_readout,
+    embedding_logsumexp,
+    full_logits,
+    output_embedding,
+    vocab_logsumexp,
+)
 from prism_jax.model.transformer import (
     Params,
     Transformer,
     abstract_model,
     bind,
-    candidate_head,
-    candidate_readout,
-    embedding_logsumexp,
     forward,
     forward_paged,
     forward_paged_part,
-    full_logits,
     init_random,
-    output_embedding,
-    vocab_logsumexp,
 )
 
 __all__ = [

@@ -5,7 +5,7 @@ H head dim, V vocab, R readout rows, C candidates per row.
 
     params = init_random(config, precision, seed)            # or hf_weights.params_from_hf
     hidden = forward(params, config, tokens, positions, mask)  # [T, D], final-normed
-    logits, logprobs = candidate_readout(params, config, hidden[rows], ids, counts)
+    logits, logprobs = candidate_readout(params, config, hidden[rows], ids, counts)  # readout.py
 
 `params` is a Params pytree (nnx.State + the precision, static), so the step jits with
 `jax.jit(forward, static_argnames="config")`. Modules hold weights only: no KV, no caches.
@@ -40,7 +40,6 @@ from prism_jax.model.layers import (
     RMSNorm,
     apply_rope,
     check_precision,
-    dot_precision,
     glu,
     rope_inv_freq,
 )
@@ -316,62 +315,6 @@ def forward_paged_part(
     h, delta = m.run_layers(h, delta, positions, backend, layers)
     out = m.final_norm(h + delta) if layers.stop == config.num_layers else (h, delta)
     return out, tuple(backend.kv[i] for i in layers)
-
-
-def _softcap(logits: jax.Array, cap: float) -> jax.Array:
-    return jnp.float32(cap) * jnp.tanh(logits / jnp.float32(cap)) if cap > 0 else logits
-
-
-def full_logits(params: Params, config: ModelConfig, hidden: jax.Array) -> jax.Array:
-    """Logits over the whole vocabulary, fp32 [T, V] (tests and the generic baseline)."""
-    emb = bind(params, config).output_embedding()
-    dtype = jnp.promote_types(hidden.dtype, emb.dtype)
-    logits = jax.lax.dot_general(
-        hidden.astype(dtype),
-        emb.astype(dtype),
-        (((1,), (1,)), ((), ())),
-        precision=dot_precision(dtype),
-        preferred_element_type=jnp.float32,
-    )  # (T, V)
-    return _softcap(logits, config.final_logit_softcap)
-
-
-def output_embedding(params: Params, config: ModelConfig) -> jax.Array:
-    """The [V, D] table the readouts score against (the LM head, or the tied embedding)."""
-    return bind(params, config).output_embedding()
-
-
-def candidate_head(
-    emb: jax.Array, config: ModelConfig, hidden_rows: jax.Array, ids: jax.Array, counts: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    """Candidate logits and log-probabilities renormalised over each row's candidates.
-
-    Args:
-      emb: [V, D] output embedding (`output_embedding`).
-      hidden_rows: [R, D] final-normed hidden states at the answer slots.
-      ids: int32 [R, C] candidate token ids (padded); counts: int32 [R] valid per row.
-
-    Returns:
-      (logits f32 [R, C], logprobs f32 [R, C]); padding entries are -inf.
-    """
-    return ops.candidate_head(hidden_rows, emb, ids, counts, softcap=config.final_logit_softcap)
-
-
-def candidate_readout(
-    params: Params, config: ModelConfig, hidden_rows: jax.Array, ids: jax.Array, counts: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    """`candidate_head` on the model's output embedding."""
-    return candidate_head(output_embedding(params, config), config, hidden_rows, ids, counts)
-
-
-def embedding_logsumexp(emb: jax.Array, config: ModelConfig, hidden_rows: jax.Array) -> jax.Array:
-    """log sum_v exp(logit_v) over the full vocabulary of emb [V, D], f32 [R], streamed."""
-    return ops.vocab_logsumexp(hidden_rows, emb, softcap=config.final_logit_softcap)
-
-
-def vocab_logsumexp(params: Params, config: ModelConfig, hidden_rows: jax.Array) -> jax.Array:
-    """log sum_v exp(logit_v) over the full vocabulary, f32 [R], streamed (no [R, V])."""
-    return embedding_logsumexp(output_embedding(params, config), config, hidden_rows)
 
 
 # --- random weights ---------------------------------------------------------------------------
