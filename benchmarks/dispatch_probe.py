@@ -161,32 +161,53 @@ def main(argv=None) -> None:
     print(json.dumps(info | {"forward_parts": len(runner.parts)}))
 
 
+def _timed(fn) -> float:
+    """Seconds fn() takes."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _read_parts(exe, emb, hidden, arrays) -> dict[str, float]:
+    """runner.read's steps one by one, seconds each: packing the readout arrays, the readout
+    call returning, its result being ready, the device-to-host copy."""
+    r, c = arrays["cand_ids"].shape
+    t = [time.perf_counter()]
+    packed = pack(arrays, readout_layout(r, c))
+    t.append(time.perf_counter())
+    out = exe(emb, hidden, packed)
+    t.append(time.perf_counter())
+    jax.block_until_ready(out)
+    t.append(time.perf_counter())
+    jax.device_get(out)
+    t.append(time.perf_counter())
+    return {k: b - a for k, a, b in zip(("pack", "call", "ready", "get"), t, t[1:], strict=False)}
+
+
+def _readout_exe(runner, arrays, t: int):
+    """The readout executable of the step's arrays and what runner.read passes it."""
+    r, c = arrays["cand_ids"].shape
+    key = ("readout", t, r, c)
+    return key, runner.executable(key), runner._embedding  # noqa: SLF001 (what read passes)
+
+
+def _medians(probe: str, key: tuple, rows: list[dict[str, float]]) -> dict:
+    out = {"probe": probe, "key": list(key)}
+    return out | {f"{k}_ms": statistics.median(1e3 * r[k] for r in rows) for k in rows[0]}
+
+
 def readout_split(runner, hidden, arrays, runs: int) -> dict:
     """Where runner.read's host time goes, median ms per part over `runs` reads of a ready
     hidden: packing the step's readout arrays, the call returning, its result being ready,
     the device-to-host copy, and the whole runner.read for comparison."""
-    r, c = arrays["cand_ids"].shape
-    key = ("readout", hidden.shape[0], r, c)
-    exe, emb = runner.executable(key), runner._embedding  # noqa: SLF001 (what read passes)
+    key, exe, emb = _readout_exe(runner, arrays, hidden.shape[0])
     runner.read(hidden, arrays)  # warm-up
-    parts: dict[str, list[float]] = {"pack": [], "call": [], "ready": [], "get": [], "read": []}
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        packed = pack(arrays, readout_layout(r, c))
-        t1 = time.perf_counter()
-        out = exe(emb, hidden, packed)
-        t2 = time.perf_counter()
-        jax.block_until_ready(out)
-        t3 = time.perf_counter()
-        jax.device_get(out)
-        t4 = time.perf_counter()
-        runner.read(hidden, arrays)
-        t5 = time.perf_counter()
-        for k, v in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
-            parts[k].append(1e3 * v)
-    return {"probe": "readout_split", "key": list(key)} | {
-        f"{k}_ms": statistics.median(v) for k, v in parts.items()
-    }
+    rows = [
+        _read_parts(exe, emb, hidden, arrays)
+        | {"read": _timed(lambda: runner.read(hidden, arrays))}
+        for _ in range(runs)
+    ]
+    return _medians("readout_split", key, rows)
 
 
 def spin_until_ready(x):
@@ -194,6 +215,45 @@ def spin_until_ready(x):
     while not x.is_ready():
         pass
     return x
+
+
+def _after_forward_row(runner, arrays, exe, emb, tiny) -> dict[str, float]:
+    """One round of readout_after_forward's reads, each after a forward of its own."""
+
+    r, c = arrays["cand_ids"].shape
+
+    def fresh():  # a forward whose hidden is ready
+        return jax.block_until_ready(runner.forward(arrays))
+
+    def read(hidden):
+        return lambda: runner.read(hidden, arrays)
+
+    def read_spinning():  # the engine's order, polling the result instead of sleeping
+        out = exe(emb, runner.forward(arrays), pack(arrays, readout_layout(r, c)))
+        out.copy_to_host_async()
+        jax.device_get(spin_until_ready(out))
+
+    row = {"after_ready": _timed(read(fresh()))}
+    hidden = fresh()
+    time.sleep(0.003)
+    row["after_sleep"] = _timed(read(hidden))
+    old = fresh()  # read in parts now; the next forward's hidden is fresh, this one is not
+    row |= _read_parts(exe, emb, old, arrays)
+    row["forward"] = _timed(fresh)
+    row["both"] = _timed(lambda: runner.read(runner.forward(arrays), arrays))
+    fresh()
+    row["old_hidden"] = _timed(read(old))
+    fresh()
+    row["tiny_get"] = _timed(lambda: jax.device_get(tiny()))
+    hidden = fresh()
+    gc.disable()
+    try:
+        row["no_gc"] = _timed(read(hidden))
+    finally:
+        gc.enable()
+    row["after_spin"] = _timed(read(spin_until_ready(runner.forward(arrays))))
+    row["both_spin"] = _timed(read_spinning)
+    return row
 
 
 def readout_after_forward(runner, arrays, runs: int) -> dict:
@@ -204,72 +264,10 @@ def readout_after_forward(runner, arrays, runs: int) -> dict:
     fresh forward: a read of the previous hidden, a copy back of an unrelated tiny result,
     a read with Python's garbage collector off, a read after spinning (not sleeping) until
     the forward is ready, and the engine's order with a spin before the copy back."""
-    r, c = arrays["cand_ids"].shape
-    key = ("readout", arrays["tokens"].shape[0], r, c)
-    exe, emb = runner.executable(key), runner._embedding  # noqa: SLF001 (what read passes)
-    names = ("after_ready", "after_sleep", "pack", "call", "ready", "get", "forward", "both")
-    names += ("old_hidden", "tiny_get", "no_gc", "after_spin", "both_spin")
+    key, exe, emb = _readout_exe(runner, arrays, arrays["tokens"].shape[0])
     tiny = jax.jit(lambda: jax.numpy.arange(8.0))  # an unrelated fresh 32-byte result
-    times: dict[str, list[float]] = {k: [] for k in names}
-    for i in range(runs + 2):
-        row: dict[str, float] = {}
-        hidden = jax.block_until_ready(runner.forward(arrays))
-        t0 = time.perf_counter()
-        runner.read(hidden, arrays)
-        row["after_ready"] = time.perf_counter() - t0
-        hidden = jax.block_until_ready(runner.forward(arrays))
-        time.sleep(0.003)
-        t0 = time.perf_counter()
-        runner.read(hidden, arrays)
-        row["after_sleep"] = time.perf_counter() - t0
-        hidden = jax.block_until_ready(runner.forward(arrays))
-        t = [time.perf_counter()]
-        packed = pack(arrays, readout_layout(r, c))
-        t.append(time.perf_counter())
-        out = exe(emb, hidden, packed)
-        t.append(time.perf_counter())
-        jax.block_until_ready(out)
-        t.append(time.perf_counter())
-        jax.device_get(out)
-        t.append(time.perf_counter())
-        for k, a, b in zip(("pack", "call", "ready", "get"), t, t[1:], strict=False):
-            row[k] = b - a
-        t0 = time.perf_counter()
-        jax.block_until_ready(runner.forward(arrays))
-        row["forward"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        runner.read(runner.forward(arrays), arrays)
-        row["both"] = time.perf_counter() - t0
-        old = hidden  # the next forward's hidden is fresh; this one is not
-        jax.block_until_ready(runner.forward(arrays))
-        t0 = time.perf_counter()
-        runner.read(old, arrays)
-        row["old_hidden"] = time.perf_counter() - t0
-        jax.block_until_ready(runner.forward(arrays))
-        t0 = time.perf_counter()
-        jax.device_get(tiny())
-        row["tiny_get"] = time.perf_counter() - t0
-        hidden = jax.block_until_ready(runner.forward(arrays))
-        gc.disable()
-        t0 = time.perf_counter()
-        runner.read(hidden, arrays)
-        row["no_gc"] = time.perf_counter() - t0
-        gc.enable()
-        hidden = spin_until_ready(runner.forward(arrays))  # the host thread never sleeps
-        t0 = time.perf_counter()
-        runner.read(hidden, arrays)
-        row["after_spin"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        hidden = runner.forward(arrays)
-        out = exe(emb, hidden, pack(arrays, readout_layout(r, c)))
-        out.copy_to_host_async()
-        jax.device_get(spin_until_ready(out))
-        row["both_spin"] = time.perf_counter() - t0
-        if i >= 2:  # warm-up
-            for k, v in row.items():
-                times[k].append(1e3 * v)
-    out = {"probe": "readout_after_forward", "key": list(key)}
-    return out | {f"{k}_ms": statistics.median(v) for k, v in times.items()}
+    rows = [_after_forward_row(runner, arrays, exe, emb, tiny) for _ in range(runs + 2)]
+    return _medians("readout_after_forward", key, rows[2:])  # the first two: warm-up
 
 
 def engine_runs(engine, config, name: str, runs: int) -> dict:

@@ -187,9 +187,9 @@ class Runner:
         r, c = arrays["cand_ids"].shape
         packed = pack(arrays, readout_layout(r, c))
         scores = self.executable(("readout", t, r, c))(self._embedding, hidden, packed)
-        # The copies back are queued now, behind the readout on the device, so they start when
-        # it ends; a copy first asked for by device_get started ~0.5 ms after the readout's
-        # kernels on the H200 (dispatch_probe.py readout_after_forward).
+        # The copies back are queued now, behind the readout on the device, so they need no
+        # host round trip once it ends (not measured on its own; dispatch_probe.py's readout
+        # rows time the whole read).
         scores.copy_to_host_async()
         lse = np.zeros(0, np.float32)
         if len(arrays["lse_of"]):

@@ -1,7 +1,8 @@
 // Gemma's post-norm fused in front of the next residual add and norm, on CUDA; the
 // specification is norm_quant_cpu.cc (bit-identical):
 //   prism_norm_add_rmsnorm_quant  x, residual [M, D], x_gamma, gamma [D]
-//                                   -> x_q s8 [M, D], s_x f32 [M], h = rmsnorm(x, x_gamma) + residual
+//                                   -> x_q s8 [M, D], s_x f32 [M],
+//                                      h = rmsnorm(x, x_gamma) + residual
 //   prism_norm_add_rmsnorm        x, residual [M, D], x_gamma, gamma [D]  -> y, h
 // What prism_rmsnorm(x, x_gamma) followed by prism_add_rmsnorm(_quant) computes, in one launch
 // where the split register kernel serves the row (NormSplitRowsKernel's kPre form: x's inverse

@@ -224,11 +224,11 @@ ffi::Error Run(cudaStream_t stream, const ffi::AnyBuffer& x, const ffi::AnyBuffe
                float eps, float weight_offset, const char* op) {
   const int64_t m = x.dimensions()[0];
   if (x.element_type() == ffi::DataType::F32) {
-    return LaunchNorm(stream, m, MakeArgs<float>(x, residual, gamma, h, y, q, s, eps, weight_offset),
-                  op);
+    return LaunchNorm(
+        stream, m, MakeArgs<float>(x, residual, gamma, h, y, q, s, eps, weight_offset), op);
   }
-  return LaunchNorm(stream, m, MakeArgs<uint16_t>(x, residual, gamma, h, y, q, s, eps, weight_offset),
-                op);
+  return LaunchNorm(
+      stream, m, MakeArgs<uint16_t>(x, residual, gamma, h, y, q, s, eps, weight_offset), op);
 }
 
 ffi::Error RmsNormCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::BufferR1<ffi::F32> gamma,

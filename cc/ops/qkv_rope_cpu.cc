@@ -33,7 +33,8 @@ void RotateHead(const float* x, const float* gamma, const float* cos, const floa
 ffi::Error QkvRopeCpu(ffi::ThreadPool pool, ffi::BufferR4<ffi::F32> qkv,
                       ffi::BufferR2<ffi::F32> cos, ffi::BufferR2<ffi::F32> sin,
                       ffi::BufferR1<ffi::F32> q_gamma, ffi::BufferR1<ffi::F32> k_gamma,
-                      ffi::Result<ffi::BufferR3<ffi::F32>> q, ffi::Result<ffi::BufferR3<ffi::F32>> k,
+                      ffi::Result<ffi::BufferR3<ffi::F32>> q,
+                      ffi::Result<ffi::BufferR3<ffi::F32>> k,
                       ffi::Result<ffi::BufferR3<ffi::F32>> v, float eps, float weight_offset,
                       int32_t qk_norm) {
   QkvRopeDims dm;

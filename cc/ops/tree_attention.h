@@ -34,8 +34,8 @@
 // the CPU. Keys are processed in tiles of kAttnTile ABSOLUTE positions, [0, 64), [64, 128), ...
 // Tile j of a query gives a partial (mt = max score, lt = sum_i e_i, acct = sum_i e_i * v_i)
 // with e_i = expf(s_i - mt), summed over the tile's visible keys in increasing position from
-// +0 (acct fused on CUDA, multiply then add on the CPU). Every CUDA kernel gives the same bits
-// and the CPU handler its own; CUDA and CPU agree to a few ulps (the fused roundings and expf). Tiles without a visible key are skipped. Partials are merged in increasing
+// +0 (acct fused on CUDA, mul then add on the CPU; the two agree to ulps). Tiles without a
+// visible key are skipped; every CUDA kernel gives the same bits. Partials are merged in increasing
 // tile order by MergeFactors; out = acc / l (zero if no key was visible). So a query's bits
 // depend only on its q and the k/v at the positions it sees: not on T, its index, the pages,
 // the segment split, the step its prefix was written in, or other queries. (Tile partials do

@@ -23,15 +23,16 @@ from prism_jax.ops.dispatch import Impl, resolve_impl
 from prism_jax.ops.quantize import quantize_rows
 
 
-def _check(op: str, x, gamma, residual=None) -> None:
+def _check(op: str, x, gamma, residual=None, x_gamma=None) -> None:
     if x.ndim < 1:
         raise ValueError(f"{op}: x must be float32 or bfloat16 [..., D], got a scalar")
     _checks.require(op, "x", x, rank=x.ndim, dtypes=_checks.FLOAT_ACTIVATIONS, expected="[..., D]")
     d = x.shape[-1]
-    _checks.require(
-        op, "gamma", gamma, rank=1, dtypes=[jnp.float32, jnp.bfloat16], expected=f"[{d}]"
-    )
-    _checks.require_dim(op, "gamma", gamma, 0, d, f"[D] with D = {d} (x is {_checks.describe(x)})")
+    for name, g in (("gamma", gamma), ("x_gamma", x_gamma)):
+        if g is None:
+            continue
+        _checks.require(op, name, g, rank=1, dtypes=[jnp.float32, jnp.bfloat16], expected=f"[{d}]")
+        _checks.require_dim(op, name, g, 0, d, f"[D] with D = {d} (x is {_checks.describe(x)})")
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
         raise ValueError(
             f"{op}: residual must match x ({_checks.describe(x)}), got {_checks.describe(residual)}"
@@ -119,15 +120,6 @@ def _residual_sum_reference(x, residual, x_gamma, eps: float, weight_offset: flo
     return (x.astype(jnp.float32) + residual.astype(jnp.float32)).astype(x.dtype)
 
 
-def _check_x_gamma(op: str, x, x_gamma) -> None:
-    if x_gamma is not None:
-        d = x.shape[-1]
-        _checks.require(
-            op, "x_gamma", x_gamma, rank=1, dtypes=[jnp.float32, jnp.bfloat16], expected=f"[{d}]"
-        )
-        _checks.require_dim(op, "x_gamma", x_gamma, 0, d, f"[D] with D = {d}")
-
-
 def add_rmsnorm_quant(
     x,
     residual,
@@ -146,28 +138,19 @@ def add_rmsnorm_quant(
     Returns:
       (x_q int8 [..., D], s_x float32 [...], h [..., D] in x's dtype).
     """
-    _check("add_rmsnorm_quant", x, gamma, residual)
-    _check_x_gamma("add_rmsnorm_quant", x, x_gamma)
+    _check("add_rmsnorm_quant", x, gamma, residual, x_gamma)
     if resolve_impl(impl) == "reference":
         h = _residual_sum_reference(x, residual, x_gamma, eps, weight_offset)
         q, s = quantize_rows(_normalize_reference(h.astype(jnp.float32), gamma, eps, weight_offset))
         return q, s, h
-    x2 = _rows(x)
+    m, d = _rows(x).shape
     outs = (
-        jax.ShapeDtypeStruct(x2.shape, jnp.int8),
-        jax.ShapeDtypeStruct(x2.shape[:1], jnp.float32),
-        jax.ShapeDtypeStruct(x2.shape, x.dtype),
+        jax.ShapeDtypeStruct((m, d), jnp.int8),
+        jax.ShapeDtypeStruct((m,), jnp.float32),
+        jax.ShapeDtypeStruct((m, d), x.dtype),
     )
-    target, pre = _pre_norm("prism_add_rmsnorm_quant", x_gamma)
-    q, s, h = _ffi(
-        target,
-        outs,
-        x2,
-        _rows(residual),
-        *pre,
-        gamma.astype(jnp.float32),
-        eps=eps,
-        weight_offset=weight_offset,
+    q, s, h = _add_ffi(
+        "prism_add_rmsnorm_quant", outs, x, residual, gamma, x_gamma, eps, weight_offset
     )
     return q.reshape(x.shape), s.reshape(x.shape[:-1]), h.reshape(x.shape)
 
@@ -189,30 +172,23 @@ def add_rmsnorm(
     Returns:
       (y [..., D], h [..., D]), both in x's dtype.
     """
-    _check("add_rmsnorm", x, gamma, residual)
-    _check_x_gamma("add_rmsnorm", x, x_gamma)
+    _check("add_rmsnorm", x, gamma, residual, x_gamma)
     if resolve_impl(impl) == "reference":
         h = _residual_sum_reference(x, residual, x_gamma, eps, weight_offset)
         y = _normalize_reference(h.astype(jnp.float32), gamma, eps, weight_offset)
         return y.astype(x.dtype), h
-    x2 = _rows(x)
-    outs = (jax.ShapeDtypeStruct(x2.shape, x.dtype), jax.ShapeDtypeStruct(x2.shape, x.dtype))
-    target, pre = _pre_norm("prism_add_rmsnorm", x_gamma)
-    y, h = _ffi(
-        target,
-        outs,
-        x2,
-        _rows(residual),
-        *pre,
-        gamma.astype(jnp.float32),
-        eps=eps,
-        weight_offset=weight_offset,
+    rows = jax.ShapeDtypeStruct(_rows(x).shape, x.dtype)
+    y, h = _add_ffi(
+        "prism_add_rmsnorm", (rows, rows), x, residual, gamma, x_gamma, eps, weight_offset
     )
     return y.reshape(x.shape), h.reshape(x.shape)
 
 
-def _pre_norm(target: str, x_gamma) -> tuple[str, tuple]:
-    """The custom call and its extra argument: prism_norm_* takes x_gamma after residual."""
-    if x_gamma is None:
-        return target, ()
-    return target.replace("prism_", "prism_norm_", 1), (x_gamma.astype(jnp.float32),)
+def _add_ffi(target: str, outs, x, residual, gamma, x_gamma, eps: float, weight_offset: float):
+    """The add_* custom call on rows of x and residual; with x_gamma its prism_norm_* form,
+    which takes x_gamma after residual."""
+    pre = ()
+    if x_gamma is not None:
+        target, pre = target.replace("prism_", "prism_norm_", 1), (x_gamma.astype(jnp.float32),)
+    args = (_rows(x), _rows(residual), *pre, gamma.astype(jnp.float32))
+    return _ffi(target, outs, *args, eps=eps, weight_offset=weight_offset)
