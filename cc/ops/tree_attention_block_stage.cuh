@@ -158,15 +158,11 @@ __device__ __forceinline__ void LoadTile(const KV* k_pool, const KV* v_pool, int
   }
 }
 
-// Tiles' row tables in shared memory: the one staged, and the next one split pass 1 prefetches
-// (tree_attention_split_pipeline.cuh).
-constexpr int kRowBuffers = 2;
-
 // Dynamic shared memory bytes of one block.
 template <int kH, int kPW>
 constexpr size_t SmemBytes() {
   using S = Shape<kH, kPW>;
-  return S::kFloats * sizeof(float) + kRowBuffers * kAttnTile * sizeof(int64_t) +
+  return S::kFloats * sizeof(float) + kAttnTile * sizeof(int64_t) +
          S::kPairs * (sizeof(Token) + sizeof(ChainRange));
 }
 
@@ -174,8 +170,7 @@ constexpr size_t SmemBytes() {
 // chains), plus what thread 0 computes from the token table.
 struct Smem {
   float *kt, *vt, *qs, *sc;  // K, V tiles [64][kRow]; q [kPairs][kH]; scores [kPairs][64]
-  int64_t* rows;             // [64] pool row of each tile position (-1: not loaded), the first
-                             // of kRowBuffers such tables
+  int64_t* rows;             // [64] pool row of each tile position (-1: not loaded)
   Token* toks;               // [Qt]
   ChainRange* chains;        // [Qt] distinct chains, in order of first appearance
 };
@@ -193,7 +188,7 @@ __device__ __forceinline__ Smem CarveSmem(float* smem) {
   sm.qs = sm.vt + kAttnTile * S::kRow;
   sm.sc = sm.qs + S::kPairs * kH;
   sm.rows = reinterpret_cast<int64_t*>(sm.sc + S::kPairs * kAttnTile);
-  sm.toks = reinterpret_cast<Token*>(sm.rows + kRowBuffers * kAttnTile);
+  sm.toks = reinterpret_cast<Token*>(sm.rows + kAttnTile);
   sm.chains = reinterpret_cast<ChainRange*>(sm.toks + S::kPairs);
   return sm;
 }
@@ -269,22 +264,6 @@ __device__ __forceinline__ void SetupBlock(const Q* q, const Dims& dm, const Tab
   __syncthreads();
 }
 
-// Threads below 64: tile j's pool rows for chain ci into sm.rows (-1: a position no token of
-// that chain sees, or absent). No barrier: the caller publishes them.
-__device__ __forceinline__ void ResolveRows(const Dims& dm, const Tables& tb, int32_t window,
-                                            int64_t j, int ci, int qt, const Smem& sm) {
-  const int tid = static_cast<int>(threadIdx.x);
-  if (tid >= kAttnTile) return;
-  const int64_t p = j * kAttnTile + tid;
-  const int32_t* seg = tb.segs + static_cast<int64_t>(sm.chains[ci].chain) * dm.s * kSegFields;
-  const int64_t r = KeyRow(seg, dm.s, tb.pages_flat, dm.pt, dm.p, dm.l, p);
-  bool seen = false;
-  for (int i = 0; i < qt && r >= 0 && !seen; ++i) {
-    seen = sm.toks[i].ci == ci && KeyVisible(p, sm.toks[i].pos, window);
-  }
-  sm.rows[tid] = seen ? r : -1;
-}
-
 // Block-wide: tile j's rows for chain ci (positions a token of that chain sees), and the K, V
 // rows staged in smem. Starts with a barrier (every warp is done with the previous tile) and
 // ends with one (the tile's K is ready; its V after WaitTileV).
@@ -292,8 +271,18 @@ template <typename KV, int kH, int kPW>
 __device__ __forceinline__ void StageTile(const KV* k_pool, const KV* v_pool, const Dims& dm,
                                           const Tables& tb, int32_t window, int64_t kvh,
                                           int64_t j, int ci, int qt, const Smem& sm) {
+  const int tid = static_cast<int>(threadIdx.x);
   __syncthreads();
-  ResolveRows(dm, tb, window, j, ci, qt, sm);
+  if (tid < kAttnTile) {
+    const int64_t p = j * kAttnTile + tid;
+    const int32_t* seg = tb.segs + static_cast<int64_t>(sm.chains[ci].chain) * dm.s * kSegFields;
+    int64_t r = KeyRow(seg, dm.s, tb.pages_flat, dm.pt, dm.p, dm.l, p);
+    bool seen = false;
+    for (int i = 0; i < qt && r >= 0 && !seen; ++i) {
+      seen = sm.toks[i].ci == ci && KeyVisible(p, sm.toks[i].pos, window);
+    }
+    sm.rows[tid] = seen ? r : -1;
+  }
   __syncthreads();
   LoadTile<KV, kH, kPW>(k_pool, v_pool, dm.k * kH, kvh, sm.rows, sm.kt, sm.vt);
   __syncthreads();

@@ -221,18 +221,17 @@ __device__ __forceinline__ void TileSums(const Smem& sm, const float* scw, int l
   }
 }
 
-// The warp's tile weights of staged tile j (chain ci): masks, scores, mt, and e_i in scw (the
-// warp's [kPW][64]). Reads K, never V; no barrier (the caller publishes scw with one before
-// TileSums).
+// The warp's partials of staged tile j (chain ci): see the top of this file. Block-wide (it
+// waits for the tile's V rows), so every warp of the block calls it.
 template <int kH, int kPW>
-__device__ __forceinline__ void TileWeights(const Smem& sm, int64_t j, int ci, int32_t window,
-                                            float scale, int g_count, float* scw,
-                                            Partials<kH, kPW>* pt) {
+__device__ __forceinline__ void TilePartials(const Smem& sm, int64_t j, int ci, int32_t window,
+                                             float scale, int g_count, Partials<kH, kPW>* pt) {
   const int tid = static_cast<int>(threadIdx.x), lane = tid % kWarpSize;
   const int warp = tid / kWarpSize;
   TileMasks<kH, kPW>(sm, j, ci, window, g_count, warp, lane, pt->mask);
   float s[kPW][2];
   TileScores<kH, kPW>(sm, scale, warp, lane, s);
+  float* scw = sm.sc + warp * kPW * kAttnTile;  // the warp's [kPW][64]
 #pragma unroll
   for (int i = 0; i < kPW; ++i) {
     pt->mt[i] = TileMax(pt->mask[i], s[i], lane);
@@ -242,23 +241,8 @@ __device__ __forceinline__ void TileWeights(const Smem& sm, int64_t j, int ci, i
       if ((pt->mask[i] >> x) & 1u) scw[i * kAttnTile + x] = expf(__fsub_rn(s[i][u], pt->mt[i]));
     }
   }
-}
-
-// The warp's scratch for e_i in shared memory: [kPW][64] floats.
-template <int kPW>
-__device__ __forceinline__ float* WarpWeights(const Smem& sm) {
-  return sm.sc + static_cast<int>(threadIdx.x) / kWarpSize * kPW * kAttnTile;
-}
-
-// The warp's partials of staged tile j (chain ci): see the top of this file. Block-wide (it
-// waits for the tile's V rows), so every warp of the block calls it.
-template <int kH, int kPW>
-__device__ __forceinline__ void TilePartials(const Smem& sm, int64_t j, int ci, int32_t window,
-                                             float scale, int g_count, Partials<kH, kPW>* pt) {
-  float* scw = WarpWeights<kPW>(sm);
-  TileWeights<kH, kPW>(sm, j, ci, window, scale, g_count, scw, pt);
   WaitTileV();  // also publishes scw to the warp's lanes
-  TileSums<kH, kPW>(sm, scw, static_cast<int>(threadIdx.x) % kWarpSize, pt);
+  TileSums<kH, kPW>(sm, scw, lane, pt);
 }
 
 }  // namespace block

@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
-#include <type_traits>
 
 #include "cc/common.h"
 #include "cc/cuda_common.cuh"
@@ -17,7 +16,6 @@
 #include "cc/ops/tree_attention_block.cuh"
 #include "cc/ops/tree_attention_lanes.cuh"
 #include "cc/ops/tree_attention_split.cuh"
-#include "cc/ops/tree_attention_split_pass1.cuh"
 
 namespace prism {
 namespace launch {
@@ -67,43 +65,6 @@ ffi::Error LaunchBlock(cudaStream_t stream, const Q* q, const KV* k_pool, const 
   return LaunchStatus("prism_tree_attention");
 }
 
-// Whether split pass 1 pipelines its staging (f32 pools; tree_attention_split_pass1.cuh):
-// PRISM_TREE_ATTENTION_PIPELINE unset or "on" yes, "off" no (A/B runs), else an error.
-inline ffi::Error PipelineOn(bool* on) {
-  const char* env = std::getenv("PRISM_TREE_ATTENTION_PIPELINE");
-  const std::string s = env == nullptr ? "on" : env;
-  PRISM_REQUIRE(s == "on" || s == "off",
-                "prism_tree_attention: PRISM_TREE_ATTENTION_PIPELINE must be unset, on or off; "
-                "got " + s);
-  *on = s == "on";
-  return ffi::Error::Success();
-}
-
-template <typename Q, typename KV>
-using PassOneKernel = void (*)(const Q*, const KV*, const KV*, Dims, Tables, float, int32_t,
-                               split::Round, float*, int32_t*);
-
-// Pass 1's kernel, with its dynamic shared memory allowed and how many of its blocks fit on
-// the GPU at once (both once per instantiation: one device kind).
-template <typename Q, typename KV, int kH, bool kPipelined>
-ffi::Error PassOne(PassOneKernel<Q, KV>* kernel, int64_t* resident) {
-  constexpr size_t kSmem = block::SmemBytes<kH, kBlockPW>();
-  auto* k = split::PartialKernel<Q, KV, kH, kBlockPW, kPipelined>;
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
-  PRISM_REQUIRE(attr == cudaSuccess, "prism_tree_attention: split kernel shared memory refused");
-  static const int64_t fit = [&] {
-    int device = 0, sms = 0, per_sm = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, block::kThreads, kSmem);
-    return static_cast<int64_t>(std::max(sms, 1)) * std::max(per_sm, 1);
-  }();
-  *kernel = k;
-  *resident = fit;
-  return ffi::Error::Success();
-}
-
 // The split kernel's rounds (tree_attention_split.cuh): pass 1 then pass 2 per round, then the
 // fallback for blocks beyond the rounds' coverage. A workspace too small for one round: lanes
 // (an error when PRISM_TREE_ATTENTION_KERNEL=split asked for the split kernel).
@@ -112,6 +73,10 @@ ffi::Error LaunchSplit(cudaStream_t stream, const Workspace& ws, const Q* q, con
                        const KV* v_pool, const Dims& dm, const Tables& tb, float scale,
                        int32_t window, Q* out) {
   constexpr size_t kSmem = block::SmemBytes<kH, kBlockPW>();
+  auto* kernel = split::PartialKernel<Q, KV, kH, kBlockPW>;
+  static const cudaError_t attr = cudaFuncSetAttribute(  // once per instantiation
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+  PRISM_REQUIRE(attr == cudaSuccess, "prism_tree_attention: split kernel shared memory refused");
   const int qt = static_cast<int>(block::Shape<kH, kBlockPW>::kPairs / dm.g());
   const split::Plan plan = split::SplitPlan(dm, window, qt, ws.data, ws.floats);
   const unsigned warps = static_cast<unsigned>(CeilDiv(dm.t * dm.n, split::kMergeWarps));
@@ -123,18 +88,14 @@ ffi::Error LaunchSplit(cudaStream_t stream, const Workspace& ws, const Q* q, con
     if (big) return LaunchBlock<kH>(stream, q, k_pool, v_pool, dm, tb, scale, window, out);
     return LaunchLanes<kH>(warps, stream, q, k_pool, v_pool, dm, tb, scale, window, out);
   }
-  bool pipelined = false;
-  if (const ffi::Error e = PipelineOn(&pipelined); e.failure()) return e;
-  PassOneKernel<Q, KV> kernel = nullptr;
-  int64_t resident = 0;  // persistent pass 1: as many blocks as fit, never more than items
-  if constexpr (std::is_same_v<KV, float>) {  // bf16 pools have no pipelined pass 1
-    if (pipelined) {
-      if (ffi::Error e = PassOne<Q, KV, kH, true>(&kernel, &resident); e.failure()) return e;
-    }
-  }
-  if (kernel == nullptr) {
-    if (ffi::Error e = PassOne<Q, KV, kH, false>(&kernel, &resident); e.failure()) return e;
-  }
+  // Persistent pass 1: as many blocks as fit on the GPU at once, never more than work items.
+  static const int64_t resident = [&] {  // once per instantiation (one device kind)
+    int device = 0, sms = 0, per_sm = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block::kThreads, kSmem);
+    return static_cast<int64_t>(std::max(sms, 1)) * std::max(per_sm, 1);
+  }();
   const int64_t nb = CeilDiv(dm.t, qt);
   const unsigned grid = static_cast<unsigned>(std::min(resident, nb * dm.k * plan.slots));
   const int64_t covered = plan.rounds * plan.slots;

@@ -221,7 +221,51 @@ __device__ __forceinline__ int QueryTileOf(const WorkList& wl, int nb, int64_t p
   return lo;
 }
 
-// Pass 1 (PartialKernel) is in tree_attention_split_pass1.cuh.
+// Pass 1 (see the top of this file): a persistent grid over the round's work list; item
+// (pos, kvh) is query tile b's tile first[b] + i, i = pos - ends[b - 1], into slot i.
+template <typename Q, typename KV, int kH, int kPW>
+__global__ void __launch_bounds__(block::kThreads, kH <= 128 ? 2 : 1)
+    PartialKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
+                  const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale, int32_t window,
+                  Round rd, float* __restrict__ part, int32_t* __restrict__ table) {
+  using S = block::Shape<kH, kPW>;
+  extern __shared__ __align__(16) float smem[];
+  __shared__ block::BlockInfo info;
+  __shared__ WorkList wl;
+  const int g_count = static_cast<int>(dm.n / dm.k), qt = S::kPairs / g_count;
+  const int nb = static_cast<int>((dm.t + qt - 1) / qt);
+  BuildWorkList(dm, tb, window, qt, nb, rd, &wl, blockIdx.x == 0 ? table : nullptr);
+  const int64_t npos = wl.ends[nb - 1], items = npos * dm.k;
+  // Each block takes a contiguous run of items, numbered kv-head-major, so consecutive items
+  // mostly share (b, kvh) and the block sets up q and the chains once per run, not per tile.
+  const int64_t per = (items + gridDim.x - 1) / gridDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * per;
+  const int64_t last = first + per < items ? first + per : items;
+  const block::Smem sm = block::CarveSmem<kH, kPW>(smem);
+  int64_t set_b = -1, set_kvh = -1;  // the (query tile, kv head) smem holds
+  for (int64_t item = first; item < last; ++item) {  // uniform
+    const int64_t kvh = item / npos, pos = item % npos;
+    const int b = QueryTileOf(wl, nb, pos);
+    const int64_t i = pos - (b > 0 ? wl.ends[b - 1] : 0), j = wl.first[b] + i;
+    const int64_t t0 = static_cast<int64_t>(b) * qt;
+    if (b != set_b || kvh != set_kvh) {
+      __syncthreads();  // every warp is done with the previous item's shared memory and info
+      block::SetupBlock<Q, kH, kPW>(q, dm, tb, window, t0, kvh, sm, &info);
+      set_b = b, set_kvh = kvh;
+    }
+    float* slot_part = part + i * dm.t * dm.n * Record<kH>();
+    unsigned done = 0;  // bit i: the warp's pair i has a partial in this tile
+    const int nc = info.n_chains;
+    for (int ci = 0; ci < nc; ++ci) {
+      if (j < sm.chains[ci].lo || j > sm.chains[ci].hi) continue;  // uniform (shared memory)
+      block::StageTile<KV, kH, kPW>(k_pool, v_pool, dm, tb, window, kvh, j, ci, qt, sm);
+      block::Partials<kH, kPW> pt;
+      block::TilePartials<kH, kPW>(sm, j, ci, window, scale, g_count, &pt);
+      WritePartials<kH, kPW>(pt, dm, t0, kvh, g_count, slot_part, &done);
+    }
+    WriteEmpty<kH, kPW>(dm, t0, kvh, g_count, slot_part, done);
+  }
+}
 
 // A pair's running state: m and l (equal on every lane) and the lane's dimensions of acc.
 template <int kH>

@@ -307,13 +307,10 @@ def test_cuda_matches_cpu(gpu, rng, dtype):
 
 def forced_runs(gpu, monkeypatch, kernels, pool_of, steps):
     """Runs the same steps once per forced kernel (fresh pool each time); returns per kernel the
-    outputs of every step and the final pools. "split:off" is the split kernel with
-    PRISM_TREE_ATTENTION_PIPELINE=off (pass 1 stages f32 tiles in sequence)."""
+    outputs of every step and the final pools."""
     results = []
     for forced in kernels:
-        name, _, pipeline = forced.partition(":")
-        monkeypatch.setenv("PRISM_TREE_ATTENTION_KERNEL", name)
-        monkeypatch.setenv("PRISM_TREE_ATTENTION_PIPELINE", pipeline or "on")
+        monkeypatch.setenv("PRISM_TREE_ATTENTION_KERNEL", forced)
         pool = pool_of()
         outs = [step(pool) for step in steps]
         results.append((outs, pool))

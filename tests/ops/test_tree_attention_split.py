@@ -51,9 +51,8 @@ def tiles(request, monkeypatch):
 @pytest.mark.parametrize("tiles", ["", "3"], indirect=True)
 def test_split_kernel_forest_bitwise(gpu, rng, monkeypatch, h, nh, dtype, q_dtype, window, tiles):
     """Forests (chains interleaved inside a query tile), T not a multiple of the query tile,
-    padding tokens: split == warp, pools included; "" also checks the automatic choice. The
-    split kernel runs with its f32 staging pipelined (the default) and in sequence."""
-    kernels = ("warp", "split", "block", "split:off")
+    padding tokens: split == warp, pools included; "" also checks the automatic choice."""
+    kernels = ("warp", "split", "block")
     results = forest_runs(gpu, rng, monkeypatch, kernels, h, nh, dtype, q_dtype, window, "shuffled")
     assert_same_kernels(results, kernels, f"H={h} G={nh // 2} tiles={tiles!r}")
 
@@ -66,9 +65,8 @@ def test_split_kernel_short_step_on_long_state_bitwise(
     gpu, rng, monkeypatch, h, dtype, window, tiles
 ):
     """The follow-up question: a ~2.6K-key state, then 32 tokens of the same chain in a step of
-    T = 64 (the rest padding), which the automatic choice ("") gives to the split kernel; its
-    f32 staging pipelined (the default) and in sequence."""
-    kernels = ("warp", "split", "", "split:off")
+    T = 64 (the rest padding), which the automatic choice ("") gives to the split kernel."""
+    kernels = ("warp", "split", "")
     results = long_state_runs(gpu, rng, monkeypatch, kernels, h, dtype, window, 32, 64)
     assert_same_kernels(results, kernels, f"long state H={h} tiles={tiles!r}")
 
@@ -81,9 +79,8 @@ def test_split_kernel_prefix_chunk_on_long_state_bitwise(
     gpu, rng, monkeypatch, h, dtype, window, tiles
 ):
     """A 200-token chunk after a ~2.4K-key prefix in a step of T = 256 (a forest or prefill
-    step after a prefix-cache hit): the split kernel's larger steps, automatic choice included,
-    pipelined and in sequence."""
-    kernels = ("warp", "split", "", "split:off")
+    step after a prefix-cache hit): the split kernel's larger steps, automatic choice included."""
+    kernels = ("warp", "split", "")
     results = long_state_runs(gpu, rng, monkeypatch, kernels, h, dtype, window, 200, 256)
     assert_same_kernels(results, kernels, f"chunk of 200 H={h} tiles={tiles!r}")
 
@@ -192,18 +189,6 @@ def test_workspace_holds_the_pool_within_the_budget(monkeypatch):
     assert big == record * (1 + SPLIT_BUDGET_BYTES // (4 * record)) + table, big
     monkeypatch.setenv("PRISM_TREE_ATTENTION_KERNEL", "split")
     assert split_workspace_floats((600, 2, 64), (8, 16, 2, 64)) == 600 * 2 * 68 * (1 + 2) + table
-
-
-def test_pipeline_switch_is_checked(gpu, monkeypatch):
-    """PRISM_TREE_ATTENTION_PIPELINE takes on or off; anything else fails the call and says
-    what it takes, instead of silently running one of the two."""
-    monkeypatch.setenv("PRISM_TREE_ATTENTION_KERNEL", "split")
-    monkeypatch.setenv("PRISM_TREE_ATTENTION_PIPELINE", "yes")
-    world = make_world(np.random.default_rng(0), 40, 4, 2, 128, jnp.float32)
-    pool = Pool(np.random.default_rng(1), 2, 128, jnp.float32)
-    tokens = [([pool.segment(0, 40)], world, p) for p in range(40)]
-    with pytest.raises(Exception, match="PRISM_TREE_ATTENTION_PIPELINE must be unset, on or off"):
-        run_step(gpu, pool, tokens, window=0, pad_to=48)
 
 
 def test_forced_split_without_workspace_is_an_error(gpu, monkeypatch):
