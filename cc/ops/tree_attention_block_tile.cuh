@@ -68,22 +68,18 @@ __device__ __forceinline__ void TileMasks(const Smem& sm, int64_t j, int ci, int
   }
 }
 
-// Scores of keys lane + 32 * u, u < kHalves, with each pair: the canonical dot, serially, times
-// scale. kHalves = 1 skips the upper half's dots (its scores read 0): the caller takes it only
-// when no pair of the warp sees a key there (the diagonal tile of a query tile in the lower
-// half of its keys' tile), and a masked key's score is never used. Same bits either way.
-template <int kH, int kPW, int kHalves>
+// Scores of keys lane and lane + 32 with each pair: the canonical dot, serially, times scale.
+template <int kH, int kPW>
 __device__ __forceinline__ void TileScores(const Smem& sm, float scale, int warp, int lane,
                                            float (&s)[kPW][2]) {
   using S = Shape<kH, kPW>;
-  static_assert(kHalves == 1 || kHalves == 2, "a tile is two halves of 32 keys");
-  float stack[kPW][kHalves][S::kLog + 1];
+  float stack[kPW][2][S::kLog + 1];
 #pragma unroll
   for (int seq = 0; seq < S::kParts; ++seq) {
     const int part = BitReverse(seq, S::kLog);
-    float kc[kHalves][kVec];
+    float kc[2][kVec];
 #pragma unroll
-    for (int u = 0; u < kHalves; ++u) {
+    for (int u = 0; u < 2; ++u) {
       const float4* kp =
           reinterpret_cast<const float4*>(sm.kt + (lane + u * kWarpSize) * S::kRow + part * kVec);
       const float4 a = kp[0], b = kp[1];
@@ -97,7 +93,7 @@ __device__ __forceinline__ void TileScores(const Smem& sm, float scale, int warp
       const float4 a = qp[0], b = qp[1];
       const float qc[kVec] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
-      for (int u = 0; u < kHalves; ++u) {
+      for (int u = 0; u < 2; ++u) {
         float acc = 0.0f;
 #pragma unroll
         for (int e = 0; e < kVec; ++e) acc = __fmaf_rn(qc[e], kc[u][e], acc);
@@ -113,8 +109,7 @@ __device__ __forceinline__ void TileScores(const Smem& sm, float scale, int warp
 #pragma unroll
   for (int i = 0; i < kPW; ++i) {
 #pragma unroll
-    for (int u = 0; u < kHalves; ++u) s[i][u] = __fmul_rn(stack[i][u][S::kLog], scale);
-    if constexpr (kHalves == 1) s[i][1] = 0.0f;  // a masked key's score: never used
+    for (int u = 0; u < 2; ++u) s[i][u] = __fmul_rn(stack[i][u][S::kLog], scale);
   }
 }
 
@@ -234,15 +229,8 @@ __device__ __forceinline__ void TilePartials(const Smem& sm, int64_t j, int ci, 
   const int tid = static_cast<int>(threadIdx.x), lane = tid % kWarpSize;
   const int warp = tid / kWarpSize;
   TileMasks<kH, kPW>(sm, j, ci, window, g_count, warp, lane, pt->mask);
-  uint64_t seen = 0;  // keys any pair of the warp sees (uniform)
-#pragma unroll
-  for (int i = 0; i < kPW; ++i) seen |= pt->mask[i];
   float s[kPW][2];
-  if ((seen >> kWarpSize) != 0) {
-    TileScores<kH, kPW, 2>(sm, scale, warp, lane, s);
-  } else {
-    TileScores<kH, kPW, 1>(sm, scale, warp, lane, s);
-  }
+  TileScores<kH, kPW>(sm, scale, warp, lane, s);
   float* scw = sm.sc + warp * kPW * kAttnTile;  // the warp's [kPW][64]
 #pragma unroll
   for (int i = 0; i < kPW; ++i) {
