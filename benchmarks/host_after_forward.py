@@ -4,8 +4,10 @@ packing its numpy arrays takes 4x longer: results/e2e_h200_session12/probes/.)
 
     python3 benchmarks/host_after_forward.py [--preset gemma3-27b] [--runs 20] [--single-digit]
 
-After each of --runs one-question forwards (the engine's step, block_until_ready), and as the
-control after an idle pause of --idle-ms with no forward before it, it times:
+Per round of --runs, each after a one-question forward (the engine's step, block_until_ready)
+unless said: right after it; the same read again at once; after an idle pause of --idle-ms
+with no forward; --idle-ms after a forward; after a forward and a tiny jit call copied back.
+Each time:
   py_loop   a fixed pure-Python loop (bytecode under the GIL)
   np_copy   copying 8 MB with numpy (C, the GIL released)
   read      runner.read of the step's hidden (pack, readout call, copies back)
@@ -98,23 +100,37 @@ def run(runner, arrays, runs: int, idle_s: float) -> list[dict]:
     dst = np.empty_like(src)
     hidden = jax.block_until_ready(runner.forward(arrays))
     runner.read(hidden, arrays)  # warm-up
-    after, idle, late = [], [], []
+    tiny = jax.jit(lambda: jax.numpy.arange(8.0))  # an unrelated 32-byte result
+    jax.device_get(tiny())
+    rows = collections.defaultdict(list)
     for _ in range(runs):
         before = thread_cpu_ns()
         hidden = jax.block_until_ready(runner.forward(arrays))
-        after.append(measure(lambda h=hidden: runner.read(h, arrays), src, dst, before))
+        rows["after_forward"].append(
+            measure(lambda h=hidden: runner.read(h, arrays), src, dst, before)
+        )
+        before = thread_cpu_ns()  # the same read again at once: warm host and GPU
+        rows["read_again"].append(
+            measure(lambda h=hidden: runner.read(h, arrays), src, dst, before)
+        )
         before = thread_cpu_ns()
         time.sleep(idle_s)
-        idle.append(measure(lambda h=hidden: runner.read(h, arrays), src, dst, before))
+        rows[f"idle_{1e3 * idle_s:g}ms_after_read"].append(
+            measure(lambda h=hidden: runner.read(h, arrays), src, dst, before)
+        )
         before = thread_cpu_ns()
         hidden = jax.block_until_ready(runner.forward(arrays))
         time.sleep(idle_s)
-        late.append(measure(lambda h=hidden: runner.read(h, arrays), src, dst, before))
-    return [
-        summary("after_forward", after),
-        summary(f"idle_{1e3 * idle_s:g}ms_after_read", idle),
-        summary(f"{1e3 * idle_s:g}ms_after_forward", late),
-    ]
+        rows[f"{1e3 * idle_s:g}ms_after_forward"].append(
+            measure(lambda h=hidden: runner.read(h, arrays), src, dst, before)
+        )
+        before = thread_cpu_ns()  # a tiny call and copy back first, then the read
+        hidden = jax.block_until_ready(runner.forward(arrays))
+        jax.device_get(tiny())
+        rows["after_forward_and_tiny_get"].append(
+            measure(lambda h=hidden: runner.read(h, arrays), src, dst, before)
+        )
+    return [summary(name, r) for name, r in rows.items()]
 
 
 def main(argv=None) -> None:
