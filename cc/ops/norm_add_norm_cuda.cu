@@ -4,6 +4,7 @@
 //                                   -> x_q s8 [M, D], s_x f32 [M],
 //                                      h = rmsnorm(x, x_gamma) + residual
 //   prism_norm_add_rmsnorm        x, residual [M, D], x_gamma, gamma [D]  -> y, h
+// The _quant form takes `digits` (norm_digits.h): 2 (f32) also writes the second digit.
 // What prism_rmsnorm(x, x_gamma) followed by prism_add_rmsnorm(_quant) computes, in one launch
 // where the split register kernel serves the row (NormSplitRowsKernel's kPre form: x's inverse
 // RMS chained over the same warps first); otherwise (rows of <= 768 or > 5376 elements, or a
@@ -18,6 +19,7 @@
 #include "cc/cuda_common.cuh"
 #include "cc/numerics.h"
 #include "cc/ops/norm_args.cuh"
+#include "cc/ops/norm_digits.h"
 #include "cc/ops/norm_launch.cuh"
 #include "cc/ops/norm_reg_rows.cuh"
 #include "cc/ops/norm_split_rows.cuh"
@@ -40,6 +42,7 @@ ffi::Error LaunchPreNorm(cudaStream_t stream, int64_t m, const NormArgs<T>& a, c
   NormArgs<T> norm_x = a;  // y = rmsnorm(x, x_gamma) into h
   norm_x.residual = nullptr, norm_x.gamma = a.x_gamma, norm_x.x_gamma = nullptr;
   norm_x.h = nullptr, norm_x.y = a.h, norm_x.q = nullptr, norm_x.s = nullptr;
+  norm_x.q2 = nullptr, norm_x.s2 = nullptr;
   if (auto e = LaunchNorm(stream, m, norm_x, op); e.failure()) return e;
   NormArgs<T> add = a;  // h = h + residual in place, then the norm
   add.x = a.h, add.x_gamma = nullptr;
@@ -71,15 +74,18 @@ NormArgs<T> Args(const ffi::AnyBuffer& x, const ffi::AnyBuffer& residual,
   return a;
 }
 
+// digits = 2 (f32 only, checked by the caller): q and s hold 2M rows, the second digit's
+// after the first's (NormArgs::q2 / s2; the unfused fallback passes them to its second launch).
 ffi::Error Run(cudaStream_t stream, const ffi::AnyBuffer& x, const ffi::AnyBuffer& residual,
                const ffi::BufferR1<ffi::F32>& x_gamma, const ffi::BufferR1<ffi::F32>& gamma,
                void* h, void* y, int8_t* q, float* s, float eps, float weight_offset,
-               const char* op) {
+               const char* op, int32_t digits = 1) {
   if (auto e = Check(x, residual, x_gamma, gamma, op); e.failure()) return e;
   const int64_t m = x.dimensions()[0];
   if (x.element_type() == ffi::DataType::F32) {
-    return LaunchPreNorm(
-        stream, m, Args<float>(x, residual, x_gamma, gamma, h, y, q, s, eps, weight_offset), op);
+    NormArgs<float> a = Args<float>(x, residual, x_gamma, gamma, h, y, q, s, eps, weight_offset);
+    if (digits == 2) a.q2 = q + m * a.d, a.s2 = s + m;
+    return LaunchPreNorm(stream, m, a, op);
   }
   return LaunchPreNorm(
       stream, m, Args<uint16_t>(x, residual, x_gamma, gamma, h, y, q, s, eps, weight_offset), op);
@@ -91,9 +97,15 @@ ffi::Error NormAddRmsNormQuantCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::A
                                    ffi::Result<ffi::BufferR2<ffi::S8>> x_q,
                                    ffi::Result<ffi::BufferR1<ffi::F32>> s_x,
                                    ffi::Result<ffi::AnyBuffer> h, float eps,
-                                   float weight_offset) {
+                                   float weight_offset, int32_t digits) {
+  const char* op = "prism_norm_add_rmsnorm_quant";
+  if (auto e = Check(x, residual, x_gamma, gamma, op); e.failure()) return e;
+  if (auto e = CheckNormDigits(x, x_q->dimensions(), s_x->dimensions(), digits, op);
+      e.failure()) {
+    return e;
+  }
   return Run(stream, x, residual, x_gamma, gamma, h->untyped_data(), nullptr, x_q->typed_data(),
-             s_x->typed_data(), eps, weight_offset, "prism_norm_add_rmsnorm_quant");
+             s_x->typed_data(), eps, weight_offset, op, digits);
 }
 
 ffi::Error NormAddRmsNormCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer residual,
@@ -122,7 +134,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismNormAddRmsNormQuantCuda, prism::NormAddRmsNor
                                   .Ret<ffi::BufferR1<ffi::F32>>()  // s_x [M]
                                   .Ret<ffi::AnyBuffer>()            // h
                                   .Attr<float>("eps")
-                                  .Attr<float>("weight_offset"),
+                                  .Attr<float>("weight_offset")
+                                  .Attr<int32_t>("digits"),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismNormAddRmsNormCuda, prism::NormAddRmsNormCuda,

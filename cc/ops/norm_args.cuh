@@ -8,6 +8,7 @@
 
 #include "cc/cuda_common.cuh"
 #include "cc/numerics.h"
+#include "cc/ops/glu_quant.h"
 
 namespace prism {
 
@@ -29,7 +30,24 @@ struct NormArgs {
   // Gemma's post-norm fused in front (prism_norm_add_rmsnorm*): x is normalised with this
   // weight (same eps and offset) and rounded to T before the residual add. Null: x as it is.
   const float* x_gamma = nullptr;
+  // The second digit (digits = 2, f32 rows only; q, s then hold the first): the row's
+  // remainder y - code * s quantised with its own scale, as prism_quantize_rows writes it.
+  int8_t* q2 = nullptr;
+  float* s2 = nullptr;
 };
+
+// One chunk's remainders after the first digit (quantize_rows' QuantRemainder of each code),
+// in place; returns their max |r| over the cnt elements of the row.
+__device__ __forceinline__ float ChunkRemainders(float (&y)[kVec], int cnt, float qinv,
+                                                 float scale) {
+  float rmax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    y[i] = QuantRemainder(y[i], QuantCode(y[i], qinv), scale);
+    if (i < cnt) rmax = fmaxf(rmax, fabsf(y[i]));
+  }
+  return rmax;
+}
 
 // The value the CPU normalises when there is a residual: x + residual rounded to T.
 template <typename T>

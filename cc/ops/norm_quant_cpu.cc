@@ -7,12 +7,15 @@
 //                            residual: h = rmsnorm(x, x_gamma) (rounded to x's dtype) + residual
 //                            (Gemma's post-norm fused in front of the next norm)
 // y = (h * inverse_rms) * (weight_offset + gamma); weight_offset is 1 for Gemma's (1 + γ).
+// The quantising ones take `digits` (norm_digits.h): 2 writes y's second digit too, x_q
+// [2M, D] and s_x [2M], as prism_quantize_rows(y, digits=2).
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "cc/common.h"
 #include "cc/numerics.h"
+#include "cc/ops/norm_digits.h"
 #include "cc/ops/norm_row.h"
 #include "cc/ops/quantize_rows.h"
 
@@ -22,10 +25,11 @@ namespace {
 // Runs the whole family for one activation dtype T; null pointers switch parts off. x_gamma
 // (the fused post-norm, with residual): x is first normalised with it and rounded to T, as
 // prism_rmsnorm stores it, and that is what the residual is added to.
+// digits = 2 (q_out, s_out [2M]): the second digit's rows follow the first's.
 template <typename T>
 void NormRows(const T* x, const T* residual, const float* gamma, int64_t m, int64_t d,
               NormAttrs a, T* h_out, T* y_out, int8_t* q_out, float* s_out,
-              const float* x_gamma = nullptr) {
+              const float* x_gamma = nullptr, int32_t digits = 1) {
   std::vector<float> scratch(2 * d);  // host scratch: CPU handlers may allocate, CUDA ones not
   float* h = scratch.data();
   float* y = h + d;
@@ -55,7 +59,9 @@ void NormRows(const T* x, const T* residual, const float* gamma, int64_t m, int6
       for (int64_t i = 0; i < d; ++i) FromF32(y[i], y_out + r * d + i);
     }
     if (q_out != nullptr) {
-      QuantizeRowDigits(y, d, nullptr, q_out + r * d, s_out + r, nullptr, nullptr);
+      const bool two = digits == 2;
+      QuantizeRowDigits(y, d, y, q_out + r * d, s_out + r, two ? q_out + (m + r) * d : nullptr,
+                        two ? s_out + m + r : nullptr);
     }
   }
 }
@@ -91,13 +97,18 @@ ffi::Error RmsNormCpu(ffi::AnyBuffer x, ffi::BufferR1<ffi::F32> gamma,
 ffi::Error RmsNormQuantCpu(ffi::AnyBuffer x, ffi::BufferR1<ffi::F32> gamma,
                            ffi::Result<ffi::BufferR2<ffi::S8>> x_q,
                            ffi::Result<ffi::BufferR1<ffi::F32>> s_x, float eps,
-                           float weight_offset) {
+                           float weight_offset, int32_t digits) {
   if (auto e = CheckRows(x, gamma, "prism_rmsnorm_quant"); e.failure()) return e;
+  if (auto e = CheckNormDigits(x, x_q->dimensions(), s_x->dimensions(), digits,
+                               "prism_rmsnorm_quant");
+      e.failure()) {
+    return e;
+  }
   const int64_t m = x.dimensions()[0], d = x.dimensions()[1];
   const NormAttrs a{eps, weight_offset};
   if (x.element_type() == ffi::DataType::F32) {
     NormRows<float>(Data<float>(x), nullptr, gamma.typed_data(), m, d, a, nullptr, nullptr,
-                    x_q->typed_data(), s_x->typed_data());
+                    x_q->typed_data(), s_x->typed_data(), nullptr, digits);
   } else {
     NormRows<uint16_t>(Data<uint16_t>(x), nullptr, gamma.typed_data(), m, d, a, nullptr,
                        nullptr, x_q->typed_data(), s_x->typed_data());
@@ -109,7 +120,8 @@ ffi::Error RmsNormQuantCpu(ffi::AnyBuffer x, ffi::BufferR1<ffi::F32> gamma,
 // residual, then y or (q, s) of h's norm; null outputs are not written.
 ffi::Error AddNorm(const ffi::AnyBuffer& x, const ffi::AnyBuffer& residual, const float* x_gamma,
                    const ffi::BufferR1<ffi::F32>& gamma, ffi::AnyBuffer* y, ffi::AnyBuffer* h,
-                   int8_t* q, float* s, float eps, float weight_offset, const char* op) {
+                   int8_t* q, float* s, float eps, float weight_offset, const char* op,
+                   int32_t digits = 1) {
   if (auto e = CheckRows(x, gamma, op); e.failure()) return e;
   const std::string name(op);
   PRISM_REQUIRE(residual.element_type() == x.element_type() &&
@@ -123,7 +135,8 @@ ffi::Error AddNorm(const ffi::AnyBuffer& x, const ffi::AnyBuffer& residual, cons
   if (x.element_type() == ffi::DataType::F32) {
     NormRows<float>(Data<float>(x), Data<float>(residual), gamma.typed_data(), m, d, a,
                     h->reinterpret_data<float>(),
-                    y != nullptr ? y->reinterpret_data<float>() : nullptr, q, s, x_gamma);
+                    y != nullptr ? y->reinterpret_data<float>() : nullptr, q, s, x_gamma,
+                    digits);
   } else {
     NormRows<uint16_t>(Data<uint16_t>(x), Data<uint16_t>(residual), gamma.typed_data(), m, d,
                        a, h->reinterpret_data<uint16_t>(),
@@ -136,9 +149,16 @@ ffi::Error AddRmsNormQuantCpu(ffi::AnyBuffer x, ffi::AnyBuffer residual,
                               ffi::BufferR1<ffi::F32> gamma,
                               ffi::Result<ffi::BufferR2<ffi::S8>> x_q,
                               ffi::Result<ffi::BufferR1<ffi::F32>> s_x,
-                              ffi::Result<ffi::AnyBuffer> h, float eps, float weight_offset) {
+                              ffi::Result<ffi::AnyBuffer> h, float eps, float weight_offset,
+                              int32_t digits) {
+  if (auto e = CheckRows(x, gamma, "prism_add_rmsnorm_quant"); e.failure()) return e;
+  if (auto e = CheckNormDigits(x, x_q->dimensions(), s_x->dimensions(), digits,
+                               "prism_add_rmsnorm_quant");
+      e.failure()) {
+    return e;
+  }
   return AddNorm(x, residual, nullptr, gamma, nullptr, &*h, x_q->typed_data(), s_x->typed_data(),
-                 eps, weight_offset, "prism_add_rmsnorm_quant");
+                 eps, weight_offset, "prism_add_rmsnorm_quant", digits);
 }
 
 ffi::Error AddRmsNormCpu(ffi::AnyBuffer x, ffi::AnyBuffer residual,
@@ -154,11 +174,17 @@ ffi::Error NormAddRmsNormQuantCpu(ffi::AnyBuffer x, ffi::AnyBuffer residual,
                                   ffi::Result<ffi::BufferR2<ffi::S8>> x_q,
                                   ffi::Result<ffi::BufferR1<ffi::F32>> s_x,
                                   ffi::Result<ffi::AnyBuffer> h, float eps,
-                                  float weight_offset) {
+                                  float weight_offset, int32_t digits) {
   PRISM_REQUIRE(x_gamma.dimensions()[0] == x.dimensions()[1],
                 "prism_norm_add_rmsnorm_quant: x_gamma must be [D]");
+  if (auto e = CheckRows(x, gamma, "prism_norm_add_rmsnorm_quant"); e.failure()) return e;
+  if (auto e = CheckNormDigits(x, x_q->dimensions(), s_x->dimensions(), digits,
+                               "prism_norm_add_rmsnorm_quant");
+      e.failure()) {
+    return e;
+  }
   return AddNorm(x, residual, x_gamma.typed_data(), gamma, nullptr, &*h, x_q->typed_data(),
-                 s_x->typed_data(), eps, weight_offset, "prism_norm_add_rmsnorm_quant");
+                 s_x->typed_data(), eps, weight_offset, "prism_norm_add_rmsnorm_quant", digits);
 }
 
 ffi::Error NormAddRmsNormCpu(ffi::AnyBuffer x, ffi::AnyBuffer residual,
@@ -201,7 +227,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismRmsNormQuantCpu, prism::RmsNormQuantCpu,
                                   .Ret<ffi::BufferR2<ffi::S8>>()     // x_q [M, D]
                                   .Ret<ffi::BufferR1<ffi::F32>>()    // s_x [M]
                                   .Attr<float>("eps")
-                                  .Attr<float>("weight_offset"));
+                                  .Attr<float>("weight_offset")
+                                  .Attr<int32_t>("digits"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismAddRmsNormQuantCpu, prism::AddRmsNormQuantCpu,
                               ffi::Ffi::Bind()
@@ -212,7 +239,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismAddRmsNormQuantCpu, prism::AddRmsNormQuantCpu
                                   .Ret<ffi::BufferR1<ffi::F32>>()    // s_x [M]
                                   .Ret<ffi::AnyBuffer>()              // h = x + residual
                                   .Attr<float>("eps")
-                                  .Attr<float>("weight_offset"));
+                                  .Attr<float>("weight_offset")
+                                  .Attr<int32_t>("digits"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismNormAddRmsNormQuantCpu, prism::NormAddRmsNormQuantCpu,
                               ffi::Ffi::Bind()
@@ -224,7 +252,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismNormAddRmsNormQuantCpu, prism::NormAddRmsNorm
                                   .Ret<ffi::BufferR1<ffi::F32>>()    // s_x [M]
                                   .Ret<ffi::AnyBuffer>()              // h
                                   .Attr<float>("eps")
-                                  .Attr<float>("weight_offset"));
+                                  .Attr<float>("weight_offset")
+                                  .Attr<int32_t>("digits"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismNormAddRmsNormCpu, prism::NormAddRmsNormCpu,
                               ffi::Ffi::Bind()

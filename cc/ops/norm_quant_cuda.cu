@@ -4,6 +4,8 @@
 //   prism_rmsnorm_quant      x [M, D], gamma [D]            -> x_q s8 [M, D], s_x f32 [M]
 //   prism_add_rmsnorm_quant  x, residual [M, D], gamma [D]  -> x_q, s_x, h = x + residual
 //   prism_add_rmsnorm        x, residual [M, D], gamma [D]  -> y, h = x + residual
+// The quantising ones take `digits` (norm_digits.h): 2 (f32) also writes the second digit,
+// NormArgs::q2 / s2, from the same registers or staged row.
 // Rows of D <= kMaxRegChunks * kStride (5376 included) are held in registers: one warp per row
 // (NormRegRowsKernel, norm_reg_rows.cuh) or W warps per row (NormSplitRowsKernel,
 // norm_split_rows.cuh), W chosen by M and D (SplitWarps). Longer rows (or
@@ -22,6 +24,7 @@
 #include "cc/cuda_common.cuh"
 #include "cc/numerics.h"
 #include "cc/ops/norm_args.cuh"
+#include "cc/ops/norm_digits.h"
 #include "cc/ops/norm_launch.cuh"
 #include "cc/ops/norm_reg_rows.cuh"
 #include "cc/ops/norm_split_rows.cuh"
@@ -90,6 +93,48 @@ __device__ __forceinline__ void NormChunk(const S* src, const NormArgs<T>& a, in
   }
 }
 
+// The second digit (a.q2): the remainders after the first digit, their max, then their codes.
+// stage (the shared row, holding y) keeps the remainders between the two passes; without it
+// each pass recomputes y. Each thread owns the same chunks as in NormalizeRow's passes.
+template <typename T, typename S>
+__device__ void SecondDigit(const NormArgs<T>& a, const S* src, int64_t off, float inv,
+                            float qinv, float scale, float* stage, float* scratch) {
+  const int64_t first = static_cast<int64_t>(threadIdx.x) * kVec;
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * kVec;
+  float r[kVec];
+  float rmax = 0.0f;
+  for (int64_t d0 = first; d0 < a.d; d0 += stride) {
+    const int cnt = ChunkCount(d0, a.d);
+    if (stage != nullptr) {
+      LoadChunk(stage + d0, cnt, r);
+    } else {
+      NormChunk(src, a, d0, cnt, inv, r);
+    }
+    rmax = fmaxf(rmax, ChunkRemainders(r, cnt, qinv, scale));
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      if (stage != nullptr) stage[d0 + i] = r[i];  // whole chunk, as NormalizeRow's
+    }
+  }
+  __syncthreads();  // every thread has read the first BlockMax's scratch
+  rmax = BlockMax(rmax, scratch);
+  const float rinv = QuantInverse(rmax);
+  for (int64_t d0 = first; d0 < a.d; d0 += stride) {
+    const int cnt = ChunkCount(d0, a.d);
+    if (stage != nullptr) {
+      LoadChunk(stage + d0, cnt, r);
+    } else {
+      NormChunk(src, a, d0, cnt, inv, r);
+      ChunkRemainders(r, cnt, qinv, scale);
+    }
+    int8_t codes[kVec];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) codes[i] = QuantCode(r[i], rinv);
+    StoreCodes(a.q2 + off + d0, cnt, codes);
+  }
+  if (threadIdx.x == 0) a.s2[blockIdx.x] = QuantScale(rmax);
+}
+
 // Passes after the sum: write y, or amax then codes. src is the row's h (shared f32 or global
 // T); outputs start at element off of the [M, D] arrays. stage (the shared row, or null) keeps
 // y between the amax and code passes so gamma is read once; each thread owns the same chunks
@@ -133,6 +178,7 @@ __device__ void NormalizeRow(const NormArgs<T>& a, const S* src, int64_t off, fl
     StoreCodes(a.q + off + d0, cnt, codes);
   }
   if (threadIdx.x == 0) a.s[blockIdx.x] = QuantScale(amax);
+  if (a.q2 != nullptr) SecondDigit(a, src, off, inv, qinv, QuantScale(amax), stage, scratch);
 }
 
 template <typename T, bool kStaged>
@@ -218,14 +264,16 @@ NormArgs<T> MakeArgs(const ffi::AnyBuffer& x, const ffi::AnyBuffer* residual,
                      weight_offset};
 }
 
-// Dispatches on x's dtype (f32 or bf16 stored as uint16_t).
+// Dispatches on x's dtype (f32 or bf16 stored as uint16_t). digits = 2 (f32 only, checked):
+// q and s hold 2M rows, the second digit's after the first's.
 ffi::Error Run(cudaStream_t stream, const ffi::AnyBuffer& x, const ffi::AnyBuffer* residual,
                const ffi::BufferR1<ffi::F32>& gamma, void* h, void* y, int8_t* q, float* s,
-               float eps, float weight_offset, const char* op) {
+               float eps, float weight_offset, const char* op, int32_t digits = 1) {
   const int64_t m = x.dimensions()[0];
   if (x.element_type() == ffi::DataType::F32) {
-    return LaunchNorm(
-        stream, m, MakeArgs<float>(x, residual, gamma, h, y, q, s, eps, weight_offset), op);
+    NormArgs<float> a = MakeArgs<float>(x, residual, gamma, h, y, q, s, eps, weight_offset);
+    if (digits == 2) a.q2 = q + m * a.d, a.s2 = s + m;
+    return LaunchNorm(stream, m, a, op);
   }
   return LaunchNorm(
       stream, m, MakeArgs<uint16_t>(x, residual, gamma, h, y, q, s, eps, weight_offset), op);
@@ -242,23 +290,34 @@ ffi::Error RmsNormCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::BufferR1<ffi:
 ffi::Error RmsNormQuantCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::BufferR1<ffi::F32> gamma,
                             ffi::Result<ffi::BufferR2<ffi::S8>> x_q,
                             ffi::Result<ffi::BufferR1<ffi::F32>> s_x, float eps,
-                            float weight_offset) {
-  if (auto e = CheckRows(x, gamma, "prism_rmsnorm_quant"); e.failure()) return e;
+                            float weight_offset, int32_t digits) {
+  const char* op = "prism_rmsnorm_quant";
+  if (auto e = CheckRows(x, gamma, op); e.failure()) return e;
+  if (auto e = CheckNormDigits(x, x_q->dimensions(), s_x->dimensions(), digits, op);
+      e.failure()) {
+    return e;
+  }
   return Run(stream, x, nullptr, gamma, nullptr, nullptr, x_q->typed_data(), s_x->typed_data(),
-             eps, weight_offset, "prism_rmsnorm_quant");
+             eps, weight_offset, op, digits);
 }
 
 ffi::Error AddRmsNormQuantCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer residual,
                                ffi::BufferR1<ffi::F32> gamma,
                                ffi::Result<ffi::BufferR2<ffi::S8>> x_q,
                                ffi::Result<ffi::BufferR1<ffi::F32>> s_x,
-                               ffi::Result<ffi::AnyBuffer> h, float eps, float weight_offset) {
-  if (auto e = CheckRows(x, gamma, "prism_add_rmsnorm_quant"); e.failure()) return e;
+                               ffi::Result<ffi::AnyBuffer> h, float eps, float weight_offset,
+                               int32_t digits) {
+  const char* op = "prism_add_rmsnorm_quant";
+  if (auto e = CheckRows(x, gamma, op); e.failure()) return e;
   PRISM_REQUIRE(residual.element_type() == x.element_type() &&
                     residual.element_count() == x.element_count(),
                 "prism_add_rmsnorm_quant: residual must match x in shape and dtype");
+  if (auto e = CheckNormDigits(x, x_q->dimensions(), s_x->dimensions(), digits, op);
+      e.failure()) {
+    return e;
+  }
   return Run(stream, x, &residual, gamma, h->untyped_data(), nullptr, x_q->typed_data(),
-             s_x->typed_data(), eps, weight_offset, "prism_add_rmsnorm_quant");
+             s_x->typed_data(), eps, weight_offset, op, digits);
 }
 
 ffi::Error AddRmsNormCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer residual,
@@ -309,7 +368,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismRmsNormQuantCuda, prism::RmsNormQuantCuda,
                                   .Ret<ffi::BufferR2<ffi::S8>>()     // x_q [M, D]
                                   .Ret<ffi::BufferR1<ffi::F32>>()    // s_x [M]
                                   .Attr<float>("eps")
-                                  .Attr<float>("weight_offset"),
+                                  .Attr<float>("weight_offset")
+                                  .Attr<int32_t>("digits"),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismAddRmsNormQuantCuda, prism::AddRmsNormQuantCuda,
@@ -322,5 +382,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismAddRmsNormQuantCuda, prism::AddRmsNormQuantCu
                                   .Ret<ffi::BufferR1<ffi::F32>>()    // s_x [M]
                                   .Ret<ffi::AnyBuffer>()              // h = x + residual
                                   .Attr<float>("eps")
-                                  .Attr<float>("weight_offset"),
+                                  .Attr<float>("weight_offset")
+                                  .Attr<int32_t>("digits"),
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -26,6 +26,20 @@ constexpr int kRegWarps = 4;       // rows per block when the grid has rows to s
 // kFull: as RegSlice's (an absent chunk loads the row's first chunk, never used). The body is
 // the pre-split kernel's, kept as written: routing it through RegSlice (all residual loads
 // first, gamma as a separate pass) made ptxas spill up to 10 KB at 21 chunks.
+// The lane's codes of y (present chunks only) at q_row + at[c].
+template <int kChunks>
+__device__ __forceinline__ void StoreRowCodes(int8_t* q_row, const float (&y)[kChunks][kVec],
+                                              const int (&cnt)[kChunks],
+                                              const int64_t (&at)[kChunks], float qinv) {
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    int8_t codes[kVec];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) codes[i] = QuantCode(y[c][i], qinv);
+    if (cnt[c] > 0) StoreCodes(q_row + at[c], cnt[c], codes);
+  }
+}
+
 template <typename T, int kChunks, bool kFull>
 __global__ void __launch_bounds__(kRegWarps * kWarpSize)
     NormRegRowsKernel(NormArgs<T> a, int64_t m) {
@@ -120,14 +134,20 @@ __global__ void __launch_bounds__(kRegWarps * kWarpSize)
     amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, o));
   }
   const float qinv = QuantInverse(amax);
+  StoreRowCodes(a.q + off, y, cnt, at, qinv);
+  if (lane == 0) a.s[r] = QuantScale(amax);
+  if (a.q2 == nullptr) return;
+  float rmax = 0.0f;  // the second digit: y becomes the remainders
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
-    int8_t codes[kVec];
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) codes[i] = QuantCode(y[c][i], qinv);
-    if (cnt[c] > 0) StoreCodes(a.q + off + at[c], cnt[c], codes);
+    rmax = fmaxf(rmax, ChunkRemainders(y[c], cnt[c], qinv, QuantScale(amax)));
   }
-  if (lane == 0) a.s[r] = QuantScale(amax);
+#pragma unroll
+  for (int o = kWarpSize / 2; o > 0; o /= 2) {
+    rmax = fmaxf(rmax, __shfl_xor_sync(kFullMask, rmax, o));
+  }
+  StoreRowCodes(a.q2 + off, y, cnt, at, QuantInverse(rmax));
+  if (lane == 0) a.s2[r] = QuantScale(rmax);
 }
 
 template <typename T, int kChunks>

@@ -245,6 +245,43 @@ struct RegSlice {
     }
   }
 
+  // The second digit's remainders of y, in place (ChunkRemainders); the slice's max |r|.
+  __device__ __forceinline__ float Remainders(float (&y)[kChunks][kVec], float qinv,
+                                              float scale) const {
+    float rmax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) rmax = fmaxf(rmax, ChunkRemainders(y[j], cnt[j], qinv, scale));
+    return rmax;
+  }
+
+  // The lean form's second digit, y recomputed chunk by chunk (YOf) as for its codes: the
+  // remainders' max, then their codes.
+  __device__ __forceinline__ float RemainderMax(const NormArgs<T>& a, float inv, float qinv,
+                                                float scale) const {
+    float rmax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      float y[kVec];
+      YOf(a, j, inv, y);
+      rmax = fmaxf(rmax, ChunkRemainders(y, cnt[j], qinv, scale));
+    }
+    return rmax;
+  }
+
+  __device__ __forceinline__ void RemainderCodes(const NormArgs<T>& a, float inv, float qinv,
+                                                 float scale, int8_t* q_row, float rinv) const {
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      float y[kVec];
+      YOf(a, j, inv, y);
+      ChunkRemainders(y, cnt[j], qinv, scale);
+      int8_t codes[kVec];
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) codes[i] = QuantCode(y[i], rinv);
+      if (cnt[j] > 0) prism::StoreCodes(q_row + at[j], cnt[j], codes);
+    }
+  }
+
  private:
   __device__ __forceinline__ void YOf(const NormArgs<T>& a, int j, float inv,
                                       float (&y)[kVec]) const {

@@ -94,8 +94,14 @@ __global__ void __launch_bounds__(kMaxSplit * kWarpSize, kLean ? kLeanBlocks : 1
     const float amax = s.YAmax(a, inv, a.y != nullptr ? a.y + off : nullptr);
     if (a.q == nullptr) return;  // uniform over the block: every warp skips the barrier below
     const float row_max = SplitRowMax(amax, warp, warps);
-    s.CodesFromH(a, inv, a.q + off, QuantInverse(row_max));
-    if (threadIdx.x == 0) a.s[blockIdx.x] = QuantScale(row_max);
+    const float qinv = QuantInverse(row_max), scale = QuantScale(row_max);
+    s.CodesFromH(a, inv, a.q + off, qinv);
+    if (threadIdx.x == 0) a.s[blockIdx.x] = scale;
+    if (a.q2 == nullptr) return;  // uniform over the block
+    __syncthreads();  // every warp has read the warp maxima SplitRowMax reuses below
+    const float rmax = SplitRowMax(s.RemainderMax(a, inv, qinv, scale), warp, warps);
+    s.RemainderCodes(a, inv, qinv, scale, a.q2 + off, QuantInverse(rmax));
+    if (threadIdx.x == 0) a.s2[blockIdx.x] = QuantScale(rmax);
     return;
   }
   float w[kChunks][kVec];  // gamma's, loaded with x: not a round trip after the reduction
@@ -110,8 +116,14 @@ __global__ void __launch_bounds__(kMaxSplit * kWarpSize, kLean ? kLeanBlocks : 1
   if (a.y != nullptr) s.StoreY(a.y + off, y);
   if (a.q == nullptr) return;  // uniform over the block: every warp skips the barrier below
   const float row_max = SplitRowMax(amax, warp, warps);
-  s.StoreCodes(a.q + off, y, QuantInverse(row_max));
-  if (threadIdx.x == 0) a.s[blockIdx.x] = QuantScale(row_max);
+  const float qinv = QuantInverse(row_max), scale = QuantScale(row_max);
+  s.StoreCodes(a.q + off, y, qinv);
+  if (threadIdx.x == 0) a.s[blockIdx.x] = scale;
+  if (a.q2 == nullptr) return;  // uniform over the block
+  __syncthreads();  // every warp has read the warp maxima SplitRowMax reuses below
+  const float rmax = SplitRowMax(s.Remainders(y, qinv, scale), warp, warps);
+  s.StoreCodes(a.q2 + off, y, QuantInverse(rmax));
+  if (threadIdx.x == 0) a.s2[blockIdx.x] = QuantScale(rmax);
 }
 
 // Warps per row when the launch does not force them: 1 (NormRegRowsKernel) for rows of <= 3

@@ -237,10 +237,9 @@ class RMSNorm(nnx.Module):
         (projection input, new h).
 
         int8 fuses delta_norm (Gemma's post-norm on the previous block's output), the residual
-        add, the norm and the row quantisation in one custom call; two_digit (int8 only) adds
-        and normalises in the float custom call instead (ops.add_rmsnorm) and quantises the
-        row and its remainder in a second one (ops.quantize_digits: the digits stacked as the
-        two-digit GEMM takes them).
+        add, the norm and the row quantisation in one custom call; two_digit (int8 only) has it
+        quantise the row's remainder too (the second digit, as ops.quantize_digits; the digits
+        are slices of one stacked buffer, as the two-digit GEMM takes them).
         """
         if delta_norm is not None:
             assert delta is not None, "delta_norm normalises delta: pass one"
@@ -255,17 +254,11 @@ class RMSNorm(nnx.Module):
         norm = dict(eps=self.eps, weight_offset=self.offset)
         if delta_norm is not None:
             norm["x_gamma"] = delta_norm.gamma[...]
-        if two_digit:
-            if delta is None:
-                y = self(h)  # (T, D) fp32, ops.rmsnorm
-            else:  # [delta's norm,] h + delta and the norm in one custom call
-                y, h = ops.add_rmsnorm(delta, h, g, **norm)
-            return Quantized(*ops.quantize_digits(y.astype(jnp.float32), digits=2)), h
+        digits = 2 if two_digit else 1
         if delta is None:
-            q, s = ops.rmsnorm_quant(h, g, **norm)
-            return Quantized(q, s), h
-        q, s, h = ops.add_rmsnorm_quant(delta, h, g, **norm)
-        return Quantized(q, s), h
+            return Quantized(*ops.rmsnorm_quant(h, g, digits=digits, **norm)), h
+        *codes, h = ops.add_rmsnorm_quant(delta, h, g, digits=digits, **norm)
+        return Quantized(*codes), h
 
 
 class Embedding(nnx.Module):

@@ -5,6 +5,7 @@
   add_rmsnorm_quant(x, residual, gamma)  -> (x_q, s_x, h = x + residual in x's dtype)
   add_rmsnorm(x, residual, gamma)        -> (y, h)                      two-digit inputs
   x_gamma= on the add_* forms: h = rmsnorm(x, x_gamma) + residual (Gemma's post-norm, fused)
+  digits=2 on the *_quant forms (float32 x): y's second digit too, as quantize_digits(y, 2)
 
 y = (h * 1/sqrt(mean(h^2) + eps)) * (weight_offset + gamma); Gemma uses weight_offset = 1.
 The sum of squares follows the canonical order (canonical.py), so the reference is bitwise.
@@ -20,7 +21,7 @@ from prism_jax.ops import _checks
 from prism_jax.ops._registry import require_target
 from prism_jax.ops.canonical import canonical_sum
 from prism_jax.ops.dispatch import Impl, resolve_impl
-from prism_jax.ops.quantize import quantize_rows
+from prism_jax.ops.quantize_digits import quantize_digits_reference
 
 
 def _check(op: str, x, gamma, residual=None, x_gamma=None) -> None:
@@ -53,10 +54,41 @@ def _normalize_reference(h, gamma, eps: float, weight_offset: float):
     return (h * inv[..., None]) * weight
 
 
-def _ffi(target: str, outs, *args, eps: float, weight_offset: float):
+def _ffi(target: str, outs, *args, eps: float, weight_offset: float, **attrs):
     require_target(target)
     call = jax.ffi.ffi_call(target, outs, vmap_method="sequential")
-    return call(*args, eps=np.float32(eps), weight_offset=np.float32(weight_offset))
+    return call(*args, eps=np.float32(eps), weight_offset=np.float32(weight_offset), **attrs)
+
+
+def _check_digits(op: str, x, digits: int) -> None:
+    if digits not in (1, 2):
+        raise ValueError(f"{op}: digits must be 1 or 2, got {digits!r}")
+    if digits == 2 and x.dtype != jnp.float32:
+        raise ValueError(
+            f"{op}: two digits need float32 rows (the int8 model's activations), got "
+            f"{_checks.describe(x)}; cast x to float32 or quantise with one digit"
+        )
+
+
+def _digit_outs(m: int, d: int, digits: int):
+    """The quantising calls' codes [digits * M, D] and scales [digits * M]."""
+    return (
+        jax.ShapeDtypeStruct((digits * m, d), jnp.int8),
+        jax.ShapeDtypeStruct((digits * m,), jnp.float32),
+    )
+
+
+def _split_digits(q, s, lead: tuple[int, ...], digits: int):
+    """(q1, s1) or (q1, s1, q2, s2) in x's leading shape, from the stacked [digits * M] rows.
+    The halves are slices of one buffer, so a GEMM that stacks them again gets it whole."""
+    m, d = q.shape[0] // digits, q.shape[1]
+    parts = [(q[i * m : (i + 1) * m], s[i * m : (i + 1) * m]) for i in range(digits)]
+    return tuple(a for qi, si in parts for a in (qi.reshape(*lead, d), si.reshape(lead)))
+
+
+def _quantize_reference(y, lead: tuple[int, ...], digits: int):
+    out = quantize_digits_reference(y.reshape(-1, y.shape[-1]), digits)
+    return tuple(a.reshape(*lead, *a.shape[1:]) for a in out)
 
 
 def _rows(x):
@@ -81,35 +113,44 @@ def rmsnorm(x, gamma, *, eps: float, weight_offset: float = 0.0, impl: Impl | No
     return y.reshape(x.shape)
 
 
-def rmsnorm_quant(x, gamma, *, eps: float, weight_offset: float = 0.0, impl: Impl | None = None):
+def rmsnorm_quant(
+    x,
+    gamma,
+    *,
+    eps: float,
+    weight_offset: float = 0.0,
+    digits: int = 1,
+    impl: Impl | None = None,
+):
     """RMSNorm then per-row INT8 quantisation.
 
     Args:
-      x: [..., D] float32 or bfloat16.
+      x: [..., D] float32 or bfloat16 (float32 for two digits).
       gamma: [D] norm weight.
       eps: the model's epsilon.
       weight_offset: 0 for plain RMSNorm, 1 for Gemma's (1 + gamma).
+      digits: 2 also quantises each row's remainder (quantize_digits' second digit).
 
     Returns:
-      (x_q int8 [..., D], s_x float32 [...]).
+      (x_q int8 [..., D], s_x float32 [...]), then (x_q2, s_x2) with two digits.
     """
     _check("rmsnorm_quant", x, gamma)
+    _check_digits("rmsnorm_quant", x, digits)
+    lead = x.shape[:-1]
     if resolve_impl(impl) == "reference":
-        return quantize_rows(_normalize_reference(x.astype(jnp.float32), gamma, eps, weight_offset))
+        y = _normalize_reference(x.astype(jnp.float32), gamma, eps, weight_offset)
+        return _quantize_reference(y, lead, digits)
     x2 = _rows(x)
-    outs = (
-        jax.ShapeDtypeStruct(x2.shape, jnp.int8),
-        jax.ShapeDtypeStruct(x2.shape[:1], jnp.float32),
-    )
     q, s = _ffi(
         "prism_rmsnorm_quant",
-        outs,
+        _digit_outs(*x2.shape, digits),
         x2,
         gamma.astype(jnp.float32),
         eps=eps,
         weight_offset=weight_offset,
+        digits=np.int32(digits),
     )
-    return q.reshape(x.shape), s.reshape(x.shape[:-1])
+    return _split_digits(q, s, lead, digits)
 
 
 def _residual_sum_reference(x, residual, x_gamma, eps: float, weight_offset: float):
@@ -128,31 +169,38 @@ def add_rmsnorm_quant(
     eps: float,
     weight_offset: float = 0.0,
     x_gamma=None,
+    digits: int = 1,
     impl: Impl | None = None,
 ):
-    """h = x + residual (rounded to x's dtype), then rmsnorm_quant(h).
+    """h = x + residual (rounded to x's dtype), then rmsnorm_quant(h, digits=digits).
 
     x_gamma: normalise x first (RMSNorm with this weight, the same eps and offset, rounded to
     x's dtype), all in one custom call: Gemma's post-norm on the block output x, fused.
 
     Returns:
-      (x_q int8 [..., D], s_x float32 [...], h [..., D] in x's dtype).
+      (x_q int8 [..., D], s_x float32 [...], [x_q2, s_x2,] h [..., D] in x's dtype).
     """
     _check("add_rmsnorm_quant", x, gamma, residual, x_gamma)
+    _check_digits("add_rmsnorm_quant", x, digits)
+    lead = x.shape[:-1]
     if resolve_impl(impl) == "reference":
         h = _residual_sum_reference(x, residual, x_gamma, eps, weight_offset)
-        q, s = quantize_rows(_normalize_reference(h.astype(jnp.float32), gamma, eps, weight_offset))
-        return q, s, h
+        y = _normalize_reference(h.astype(jnp.float32), gamma, eps, weight_offset)
+        return (*_quantize_reference(y, lead, digits), h)
     m, d = _rows(x).shape
-    outs = (
-        jax.ShapeDtypeStruct((m, d), jnp.int8),
-        jax.ShapeDtypeStruct((m,), jnp.float32),
-        jax.ShapeDtypeStruct((m, d), x.dtype),
-    )
+    outs = (*_digit_outs(m, d, digits), jax.ShapeDtypeStruct((m, d), x.dtype))
     q, s, h = _add_ffi(
-        "prism_add_rmsnorm_quant", outs, x, residual, gamma, x_gamma, eps, weight_offset
+        "prism_add_rmsnorm_quant",
+        outs,
+        x,
+        residual,
+        gamma,
+        x_gamma,
+        eps,
+        weight_offset,
+        digits=np.int32(digits),
     )
-    return q.reshape(x.shape), s.reshape(x.shape[:-1]), h.reshape(x.shape)
+    return (*_split_digits(q, s, lead, digits), h.reshape(x.shape))
 
 
 def add_rmsnorm(
@@ -184,11 +232,13 @@ def add_rmsnorm(
     return y.reshape(x.shape), h.reshape(x.shape)
 
 
-def _add_ffi(target: str, outs, x, residual, gamma, x_gamma, eps: float, weight_offset: float):
+def _add_ffi(
+    target: str, outs, x, residual, gamma, x_gamma, eps: float, weight_offset: float, **attrs
+):
     """The add_* custom call on rows of x and residual; with x_gamma its prism_norm_* form,
     which takes x_gamma after residual."""
     pre = ()
     if x_gamma is not None:
         target, pre = target.replace("prism_", "prism_norm_", 1), (x_gamma.astype(jnp.float32),)
     args = (_rows(x), _rows(residual), *pre, gamma.astype(jnp.float32))
-    return _ffi(target, outs, *args, eps=eps, weight_offset=weight_offset)
+    return _ffi(target, outs, *args, eps=eps, weight_offset=weight_offset, **attrs)
