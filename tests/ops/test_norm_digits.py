@@ -80,8 +80,8 @@ def test_two_digits_match_the_reference_bitwise(device, rng, m, d):
             assert_bitwise_equal(a, b, f"{name}: output {i} vs the reference")
 
 
-@pytest.mark.parametrize("m", [1, 3, 256, 1100])  # 1100: the launcher takes the lean form
-@pytest.mark.parametrize("d", [128, 777, 4101, 5376])
+@pytest.mark.parametrize("m", [3, 256, 1100])  # 1100: the launcher takes the lean form
+@pytest.mark.parametrize("d", [128, 777, 5376])
 def test_every_cuda_kernel_gives_the_cpu_bits(gpu, rng, monkeypatch, m, d):
     """Every forced kernel (one warp, 2/4/8 warps, their lean forms, the block kernel; the
     fused post-norm's split form and its unfused fallback) against the CPU, bit for bit."""
