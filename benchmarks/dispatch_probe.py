@@ -105,6 +105,22 @@ def one_question_arrays(engine, scenario):
     return arrays, placements
 
 
+def probe_engine(args) -> tuple:
+    """(engine, config) for a probe's arguments (--preset, --single-digit, --layers if it has
+    one, add_engine_options'): random weights, no baseline, the probes' token buckets."""
+    config = PRESETS[args.preset]
+    if args.single_digit:
+        config = config.replace(int8_two_digit_rows=(), int8_two_digit_weights=())
+    if getattr(args, "layers", None):
+        config = config.replace(num_layers=args.layers)
+    setup = SimpleNamespace(seed=0, kv_pages=320, token_buckets=(32, 64, 256, 512, 2048))
+    setup.command_buffers = args.command_buffers
+    setup.layers_per_call = args.layers_per_call
+    setup.no_baseline = True
+    engine, _ = build(config, setup, {})
+    return engine, config
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--preset", choices=sorted(PRESETS), default="gemma3-27b")
@@ -114,16 +130,7 @@ def main(argv=None) -> None:
     p.add_argument("--engine-runs", default="", help="e2e scenarios to run whole, comma-separated")
     add_engine_options(p)
     args = p.parse_args(argv)
-    config = PRESETS[args.preset]
-    if args.single_digit:
-        config = config.replace(int8_two_digit_rows=(), int8_two_digit_weights=())
-    if args.layers:
-        config = config.replace(num_layers=args.layers)
-    setup = SimpleNamespace(seed=0, kv_pages=320, token_buckets=(32, 64, 256, 512, 2048))
-    setup.command_buffers = args.command_buffers
-    setup.layers_per_call = args.layers_per_call
-    setup.no_baseline = True
-    engine, _ = build(config, setup, {})
+    engine, config = probe_engine(args)
     runner = engine.runner
     scenario = next(s for s in scenarios(config.vocab_size) if s.name == "one_question")
     arrays, placements = one_question_arrays(engine, scenario)

@@ -30,8 +30,8 @@ import time
 
 import jax
 import numpy as np
-from dispatch_probe import one_question_arrays  # benchmarks/ is sys.path[0] as a script
-from e2e_decide import PRESETS, add_engine_options, build, scenarios
+from dispatch_probe import one_question_arrays, probe_engine  # benchmarks/ is sys.path[0]
+from e2e_decide import PRESETS, add_engine_options, scenarios
 
 from prism_jax.scheduler import release
 
@@ -142,14 +142,7 @@ def main(argv=None) -> None:
     add_engine_options(p)
     args = p.parse_args(argv)
     assert args.runs >= 1, "--runs must be at least 1"
-    config = PRESETS[args.preset]
-    if args.single_digit:
-        config = config.replace(int8_two_digit_rows=(), int8_two_digit_weights=())
-    setup = argparse.Namespace(seed=0, kv_pages=320, token_buckets=(32, 64, 256, 512, 2048))
-    setup.command_buffers = args.command_buffers
-    setup.layers_per_call = args.layers_per_call
-    setup.no_baseline = True
-    engine, _ = build(config, setup, {})
+    engine, config = probe_engine(args)
     scenario = next(s for s in scenarios(config.vocab_size) if s.name == "one_question")
     arrays, placements = one_question_arrays(engine, scenario)
     for line in run(engine.runner, arrays, args.runs, args.idle_ms / 1e3):

@@ -99,7 +99,6 @@ ffi::Error NormAddRmsNormQuantCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::A
                                    ffi::Result<ffi::AnyBuffer> h, float eps,
                                    float weight_offset, int32_t digits) {
   const char* op = "prism_norm_add_rmsnorm_quant";
-  if (auto e = Check(x, residual, x_gamma, gamma, op); e.failure()) return e;
   if (auto e = CheckNormDigits(x, x_q->dimensions(), s_x->dimensions(), digits, op);
       e.failure()) {
     return e;

@@ -118,12 +118,17 @@ ffi::Error RmsNormQuantCpu(ffi::AnyBuffer x, ffi::BufferR1<ffi::F32> gamma,
 
 // add_rmsnorm(_quant) and their fused-post-norm forms (x_gamma not null): h = [rmsnorm](x) +
 // residual, then y or (q, s) of h's norm; null outputs are not written.
-ffi::Error AddNorm(const ffi::AnyBuffer& x, const ffi::AnyBuffer& residual, const float* x_gamma,
+ffi::Error AddNorm(const ffi::AnyBuffer& x, const ffi::AnyBuffer& residual,
+                   const ffi::BufferR1<ffi::F32>* x_gamma_buffer,
                    const ffi::BufferR1<ffi::F32>& gamma, ffi::AnyBuffer* y, ffi::AnyBuffer* h,
                    int8_t* q, float* s, float eps, float weight_offset, const char* op,
                    int32_t digits = 1) {
   if (auto e = CheckRows(x, gamma, op); e.failure()) return e;
   const std::string name(op);
+  PRISM_REQUIRE(x_gamma_buffer == nullptr ||
+                    x_gamma_buffer->dimensions()[0] == x.dimensions()[1],
+                name + ": x_gamma must be [D]");
+  const float* x_gamma = x_gamma_buffer != nullptr ? x_gamma_buffer->typed_data() : nullptr;
   PRISM_REQUIRE(residual.element_type() == x.element_type() &&
                     residual.element_count() == x.element_count(),
                 name + ": residual must match x in shape and dtype");
@@ -151,7 +156,6 @@ ffi::Error AddRmsNormQuantCpu(ffi::AnyBuffer x, ffi::AnyBuffer residual,
                               ffi::Result<ffi::BufferR1<ffi::F32>> s_x,
                               ffi::Result<ffi::AnyBuffer> h, float eps, float weight_offset,
                               int32_t digits) {
-  if (auto e = CheckRows(x, gamma, "prism_add_rmsnorm_quant"); e.failure()) return e;
   if (auto e = CheckNormDigits(x, x_q->dimensions(), s_x->dimensions(), digits,
                                "prism_add_rmsnorm_quant");
       e.failure()) {
@@ -175,15 +179,12 @@ ffi::Error NormAddRmsNormQuantCpu(ffi::AnyBuffer x, ffi::AnyBuffer residual,
                                   ffi::Result<ffi::BufferR1<ffi::F32>> s_x,
                                   ffi::Result<ffi::AnyBuffer> h, float eps,
                                   float weight_offset, int32_t digits) {
-  PRISM_REQUIRE(x_gamma.dimensions()[0] == x.dimensions()[1],
-                "prism_norm_add_rmsnorm_quant: x_gamma must be [D]");
-  if (auto e = CheckRows(x, gamma, "prism_norm_add_rmsnorm_quant"); e.failure()) return e;
   if (auto e = CheckNormDigits(x, x_q->dimensions(), s_x->dimensions(), digits,
                                "prism_norm_add_rmsnorm_quant");
       e.failure()) {
     return e;
   }
-  return AddNorm(x, residual, x_gamma.typed_data(), gamma, nullptr, &*h, x_q->typed_data(),
+  return AddNorm(x, residual, &x_gamma, gamma, nullptr, &*h, x_q->typed_data(),
                  s_x->typed_data(), eps, weight_offset, "prism_norm_add_rmsnorm_quant", digits);
 }
 
@@ -191,10 +192,8 @@ ffi::Error NormAddRmsNormCpu(ffi::AnyBuffer x, ffi::AnyBuffer residual,
                              ffi::BufferR1<ffi::F32> x_gamma, ffi::BufferR1<ffi::F32> gamma,
                              ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> h,
                              float eps, float weight_offset) {
-  PRISM_REQUIRE(x_gamma.dimensions()[0] == x.dimensions()[1],
-                "prism_norm_add_rmsnorm: x_gamma must be [D]");
-  return AddNorm(x, residual, x_gamma.typed_data(), gamma, &*y, &*h, nullptr, nullptr, eps,
-                 weight_offset, "prism_norm_add_rmsnorm");
+  return AddNorm(x, residual, &x_gamma, gamma, &*y, &*h, nullptr, nullptr, eps, weight_offset,
+                 "prism_norm_add_rmsnorm");
 }
 
 }  // namespace
