@@ -16,7 +16,16 @@
 namespace prism {
 namespace block {
 
-constexpr int kWarps = 8;
+// A block serves 32 (token, query head) pairs: kWarps warps of kPairsPerWarp pairs each. More
+// pairs per warp reuse each staged K/V chunk for more dots (fewer shared-memory loads per
+// multiply-add) at more registers a thread. PRISM_ATTN_PAIRS_PER_WARP (4 or 8) is a build knob
+// for A/B timings; every choice gives the same bits (a pair's arithmetic does not depend on it).
+#ifndef PRISM_ATTN_PAIRS_PER_WARP
+#define PRISM_ATTN_PAIRS_PER_WARP 4
+#endif
+constexpr int kPairsPerWarp = PRISM_ATTN_PAIRS_PER_WARP;
+static_assert(kPairsPerWarp == 4 || kPairsPerWarp == 8, "PRISM_ATTN_PAIRS_PER_WARP: 4 or 8");
+constexpr int kWarps = 32 / kPairsPerWarp;
 constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kLoadBatch = 4;  // 16-byte K and V chunks per thread in flight together
 

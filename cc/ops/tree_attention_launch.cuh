@@ -37,7 +37,7 @@ struct Workspace {
   int64_t floats;
 };
 
-constexpr int kBlockPW = 4;  // pairs per warp of the block kernel: 32 (token, head) pairs
+constexpr int kBlockPW = block::kPairsPerWarp;  // pairs per warp of the block kernel
 // Step sizes of the kernel choice (ChooseKernel, below, says why).
 constexpr int64_t kBlockMinTokens = 64;   // up to this: the lanes warp is the split's fallback
 constexpr int64_t kSplitMaxTokens = 512;  // prism_jax/ops/tree_attention.py SPLIT_MAX_TOKENS
