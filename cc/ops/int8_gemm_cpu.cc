@@ -1,5 +1,7 @@
 // prism_int8_gemm on the CPU: y[m, n] = float(sum_k x_q[m, k] * w_q[n, k]) * s_x[m] * s_w[n].
 // Shapes: M tokens, K input features, N output features; w_q is [N, K] (K contiguous).
+// M is y's rows: x_q and s_x may hold more rows, of which the first M are used
+// (int8_gemm_shapes.h).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -7,6 +9,7 @@
 #include "cc/common.h"
 #include "cc/cpu_parallel.h"
 #include "cc/numerics.h"
+#include "cc/ops/int8_gemm_shapes.h"
 
 namespace prism {
 namespace {
@@ -97,13 +100,8 @@ ffi::Error Int8GemmCpu(ffi::ThreadPool pool, ffi::BufferR2<ffi::S8> x_q, ffi::Bu
                        ffi::BufferR2<ffi::S8> w_q, ffi::BufferR1<ffi::F32> s_w,
                        ffi::Result<ffi::AnyBuffer> y,
                        ffi::Result<ffi::BufferR1<ffi::U8>> /*workspace: CUDA stream-K only*/) {
-  const int64_t m = x_q.dimensions()[0], k = x_q.dimensions()[1];
-  const int64_t n = w_q.dimensions()[0];
-  PRISM_REQUIRE(w_q.dimensions()[1] == k, "prism_int8_gemm: w_q must be [N, K] with x_q's K");
-  PRISM_REQUIRE(s_x.dimensions()[0] == m, "prism_int8_gemm: s_x must be [M]");
-  PRISM_REQUIRE(s_w.dimensions()[0] == n, "prism_int8_gemm: s_w must be [N]");
-  PRISM_REQUIRE(y->dimensions().size() == 2 && y->dimensions()[0] == m && y->dimensions()[1] == n,
-                "prism_int8_gemm: y must be [M, N], got " + DimsToString(y->dimensions()));
+  int64_t m = 0, k = 0, n = 0;
+  if (auto e = CheckInt8GemmShapes(x_q, s_x, w_q, s_w, *y, &m, &k, &n); e.failure()) return e;
   if (y->element_type() == ffi::DataType::F32) {
     Gemm(pool, x_q.typed_data(), s_x.typed_data(), w_q.typed_data(), s_w.typed_data(),
          y->typed_data<float>(), m, k, n);

@@ -30,6 +30,7 @@
 #include "cc/handlers.h"
 #include "cc/numerics.h"
 #include "cc/ops/int8_gemm_kernels.h"
+#include "cc/ops/int8_gemm_shapes.h"
 
 namespace prism {
 namespace {
@@ -316,13 +317,8 @@ ffi::Error Int8GemmCuda(cudaStream_t stream, ffi::BufferR2<ffi::S8> x_q,
                         ffi::BufferR1<ffi::F32> s_x, ffi::BufferR2<ffi::S8> w_q,
                         ffi::BufferR1<ffi::F32> s_w, ffi::Result<ffi::AnyBuffer> y,
                         ffi::Result<ffi::BufferR1<ffi::U8>> workspace) {
-  const int64_t m = x_q.dimensions()[0], k = x_q.dimensions()[1];
-  const int64_t n = w_q.dimensions()[0];
-  PRISM_REQUIRE(w_q.dimensions()[1] == k, "prism_int8_gemm: w_q must be [N, K] with x_q's K");
-  PRISM_REQUIRE(s_x.dimensions()[0] == m, "prism_int8_gemm: s_x must be [M]");
-  PRISM_REQUIRE(s_w.dimensions()[0] == n, "prism_int8_gemm: s_w must be [N]");
-  PRISM_REQUIRE(y->dimensions().size() == 2 && y->dimensions()[0] == m && y->dimensions()[1] == n,
-                "prism_int8_gemm: y must be [M, N], got " + DimsToString(y->dimensions()));
+  int64_t m = 0, k = 0, n = 0;
+  if (auto e = CheckInt8GemmShapes(x_q, s_x, w_q, s_w, *y, &m, &k, &n); e.failure()) return e;
   const bool f32 = y->element_type() == ffi::DataType::F32;
   PRISM_REQUIRE(f32 || y->element_type() == ffi::DataType::BF16,
                 "prism_int8_gemm: y must be float32 or bfloat16");

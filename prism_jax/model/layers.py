@@ -63,6 +63,15 @@ class Quantized(NamedTuple):
     s2: jax.Array | None = None
 
 
+def _stacked_digits(x: Quantized) -> tuple[jax.Array, jax.Array]:
+    """(codes, scales) of x's rows, both digits stacked ([x1; x2]) when it has two. Every op
+    that writes two digits returns the halves of one stacked buffer, and XLA folds this
+    concatenate of adjacent halves back into that buffer: no copy."""
+    if x.q2 is None:
+        return x.q, x.s
+    return jnp.concatenate([x.q, x.q2]), jnp.concatenate([x.s, x.s2])
+
+
 def _param(shape: tuple[int, ...], dtype, axes: tuple[str | None, ...]) -> nnx.Param:
     assert len(axes) == len(shape), f"axes {axes} do not name every dim of {shape}"
     # eager_sharding=False: the names are metadata for a later mesh, not a request to shard now.
@@ -173,16 +182,17 @@ class Linear(nnx.Module):
         """x1 W1, stacked over x2 W1 when x has a second digit: (T or 2T, prod(out)). Both
         digits go through one GEMM, so the weights are read once."""
         w_q = self.w_q[...].reshape(-1, self.in_dim)  # (prod(out), K)
-        s_w = self.s_w[...].reshape(-1)
-        q, s = x.q, x.s
-        if x.q2 is not None:
-            q, s = jnp.concatenate([x.q, x.q2]), jnp.concatenate([x.s, x.s2])  # (2T, K), (2T,)
-        return ops.int8_gemm(q, s, w_q, s_w, out_dtype=jnp.float32)
+        q, s = _stacked_digits(x)  # (T or 2T, K), (T or 2T,)
+        return ops.int8_gemm(q, s, w_q, self.s_w[...].reshape(-1), out_dtype=jnp.float32)
 
     def _w2_product(self, x: Quantized) -> jax.Array:
-        """x1 W2, the two-digit weights' remainder matrix: (T, prod(out))."""
+        """x1 W2, the two-digit weights' remainder matrix: (T, prod(out)). With two-digit rows
+        the GEMM reads x1 as the first T rows of the stacked digits: a slice of them would be a
+        copy for small T (ops.int8_gemm rows=)."""
         w_q2 = self.w_q2[...].reshape(-1, self.in_dim)  # (prod(out), K)
-        return ops.int8_gemm(x.q, x.s, w_q2, self.s_w2[...].reshape(-1), out_dtype=jnp.float32)
+        q, s = _stacked_digits(x)
+        s_w2 = self.s_w2[...].reshape(-1)
+        return ops.int8_gemm(q, s, w_q2, s_w2, out_dtype=jnp.float32, rows=x.q.shape[0])
 
     def _int8(self, x: Quantized, t: int) -> jax.Array:
         """x1 W1 (+ x2 W1 when x has a second digit) (+ x1 W2 with two-digit weights), each an

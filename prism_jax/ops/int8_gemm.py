@@ -2,6 +2,8 @@
 
 Shapes: M rows (tokens; leading batch dims are flattened), K input features, N outputs.
 x_q int8 [..., K], s_x f32 [...], w_q int8 [N, K] (K contiguous), s_w f32 [N].
+`rows=` uses only the first rows of a 2-D x_q (the two-digit model's first digit, read in place
+from the buffer that stacks both digits: cc/ops/int8_gemm_shapes.h says why).
 """
 
 from __future__ import annotations
@@ -15,6 +17,17 @@ from prism_jax.ops.dispatch import Impl, resolve_impl
 
 OP = "int8_gemm"
 OUT_DTYPES = (jnp.float32, jnp.bfloat16)
+
+
+def _check_rows(x_q, rows: int | None) -> None:
+    if rows is None:
+        return
+    if x_q.ndim != 2 or not isinstance(rows, int) or not 0 <= rows <= x_q.shape[0]:
+        raise ValueError(
+            f"{OP}: rows= takes a leading row count of a 2-D x_q (0 <= rows <= "
+            f"{x_q.shape[0] if x_q.ndim == 2 else 'M'}), got rows={rows!r} with "
+            f"{_checks.describe(x_q)}"
+        )
 
 
 def _check(x_q, s_x, w_q, s_w, out_dtype) -> None:
@@ -59,11 +72,12 @@ def workspace_bytes(m: int, k: int, n: int, out_dtype) -> int:
     return max(1, int(module.int8_gemm_workspace_bytes(m, k, n, f32)))
 
 
-def _int8_gemm_ffi(x_q, s_x, w_q, s_w, out_dtype) -> jax.Array:
+def _int8_gemm_ffi(x_q, s_x, w_q, s_w, out_dtype, rows: int | None) -> jax.Array:
     require_target("prism_int8_gemm")
-    lead = x_q.shape[:-1]
-    x2 = x_q.reshape(-1, x_q.shape[-1])  # (M, K)
-    (m, k), n = x2.shape, w_q.shape[0]
+    lead = x_q.shape[:-1] if rows is None else (rows,)
+    x2 = x_q.reshape(-1, x_q.shape[-1])  # (R, K)
+    (m, k), n = (x2.shape if rows is None else (rows, x2.shape[1])), w_q.shape[0]
+    # y's M rows (at most R) say how many leading rows of x_q the handler uses.
     call = jax.ffi.ffi_call(
         "prism_int8_gemm",
         (
@@ -76,7 +90,9 @@ def _int8_gemm_ffi(x_q, s_x, w_q, s_w, out_dtype) -> jax.Array:
     return y.reshape(*lead, n)  # (..., N)
 
 
-def int8_gemm(x_q, s_x, w_q, s_w, *, out_dtype=jnp.float32, impl: Impl | None = None):
+def int8_gemm(
+    x_q, s_x, w_q, s_w, *, out_dtype=jnp.float32, rows: int | None = None, impl: Impl | None = None
+):
     """INT8 x INT8 -> INT32 GEMM with per-row and per-column scales.
 
     Args:
@@ -85,12 +101,17 @@ def int8_gemm(x_q, s_x, w_q, s_w, *, out_dtype=jnp.float32, impl: Impl | None = 
       w_q: int8 [N, K] quantised weights (one row per output feature).
       s_w: float32 [N] per-output-channel weight scales.
       out_dtype: float32 or bfloat16.
+      rows: with a 2-D x_q [R, K], only its first `rows` rows (and scales): y is [rows, N],
+        the same bits as int8_gemm(x_q[:rows], s_x[:rows], ...) without the slice's copy.
       impl: "ffi" (custom call) or "reference"; default from `use_impl`.
 
     Returns:
-      [..., N] array of out_dtype.
+      [..., N] array of out_dtype ([rows, N] with rows=).
     """
     _check(x_q, s_x, w_q, s_w, out_dtype)
+    _check_rows(x_q, rows)
     if resolve_impl(impl) == "reference":
+        if rows is not None:
+            x_q, s_x = x_q[:rows], s_x[:rows]
         return int8_gemm_reference(x_q, s_x, w_q, s_w, out_dtype)
-    return _int8_gemm_ffi(x_q, s_x, w_q, s_w, out_dtype)
+    return _int8_gemm_ffi(x_q, s_x, w_q, s_w, out_dtype, rows)

@@ -28,6 +28,8 @@ CASES = [
     (lambda: ops.int8_gemm(i8(4, 8), f32(4), i8(3, 8), f32(2)), "s_w", "[3]"),
     (lambda: ops.int8_gemm(i8(4, 8), f32(4), i8(3, 8), f32(3), out_dtype=jnp.int32),
      "out_dtype", "float32 or bfloat16"),
+    (lambda: ops.int8_gemm(i8(4, 8), f32(4), i8(3, 8), f32(3), rows=5), "rows", "rows <= 4"),
+    (lambda: ops.int8_gemm(i8(2, 2, 8), f32(2, 2), i8(3, 8), f32(3), rows=1), "rows", "2-D x_q"),
     (lambda: ops.rmsnorm_quant(i8(2, 8), f32(8), eps=1e-6), "x", "[..., D]"),
     (lambda: ops.rmsnorm_quant(f32(2, 8), f32(7), eps=1e-6), "gamma", "D = 8"),
     (lambda: ops.add_rmsnorm_quant(f32(2, 8), f32(2, 7), f32(8), eps=1e-6), "residual", "[2, 8]"),
@@ -73,6 +75,10 @@ def test_handler_rejects_bad_shapes_directly():
     call = jax.ffi.ffi_call("prism_int8_gemm", outs)
     with pytest.raises(Exception, match="w_q must be \\[N, K\\]"):
         jax.block_until_ready(call(i8(4, 8), f32(4), i8(3, 9), f32(3)))
+    with pytest.raises(Exception, match="M at most x_q's 2 rows"):  # y [4, 3]: more rows than x
+        jax.block_until_ready(call(i8(2, 8), f32(2), i8(3, 8), f32(3)))
+    with pytest.raises(Exception, match="one scale per row of x_q"):
+        jax.block_until_ready(call(i8(4, 8), f32(5), i8(3, 8), f32(3)))
     codes, scales = jax.ShapeDtypeStruct((4, 8), jnp.int8), jax.ShapeDtypeStruct((4,), jnp.float32)
     call = jax.ffi.ffi_call("prism_glu_quant2_sum", (codes, scales))
     with pytest.raises(Exception, match="y2 must be \\[2M, 2F\\]"):

@@ -59,6 +59,26 @@ def test_zero_rows_and_leading_dims(device, rng):
     assert not np.any(y[1, 2]), "an all-zero row must give exact zeros"
 
 
+@pytest.mark.parametrize(
+    "r,rows,k,n", [(6, 3, 64, 130), (64, 32, 5376, 40), (9, 9, 37, 11), (4, 0, 16, 8)]
+)
+@pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
+def test_leading_rows_match_the_slice(device, rng, r, rows, k, n, out_dtype):
+    """rows= (the two-digit model's x1 read from the stacked digits) gives the bits of the GEMM
+    of the sliced rows, whatever the other rows hold."""
+    x, w = random_int8(rng, (r, k)), random_int8(rng, (n, k))
+    s_x = rng.uniform(1e-4, 1e-1, r).astype(np.float32)
+    s_w = rng.uniform(1e-4, 1e-1, n).astype(np.float32)
+    y = run_on(device, ops.int8_gemm, x, s_x, w, s_w, out_dtype=out_dtype, rows=rows)
+    want = run_on(device, ops.int8_gemm, x[:rows], s_x[:rows], w, s_w, out_dtype=out_dtype)
+    assert y.shape == (rows, n)
+    assert_bitwise_equal(y, want, "int8_gemm rows= vs the sliced rows")
+    ref = run_on(
+        device, ops.int8_gemm, x, s_x, w, s_w, out_dtype=out_dtype, rows=rows, impl="reference"
+    )
+    assert_bitwise_equal(y, ref, "int8_gemm rows= vs reference")
+
+
 @pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
 def test_row_invariance(device, rng, out_dtype):
     k, n = 300, 77
