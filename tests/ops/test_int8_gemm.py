@@ -73,10 +73,16 @@ def test_leading_rows_match_the_slice(device, rng, r, rows, k, n, out_dtype):
     want = run_on(device, ops.int8_gemm, x[:rows], s_x[:rows], w, s_w, out_dtype=out_dtype)
     assert y.shape == (rows, n)
     assert_bitwise_equal(y, want, "int8_gemm rows= vs the sliced rows")
-    ref = run_on(
-        device, ops.int8_gemm, x, s_x, w, s_w, out_dtype=out_dtype, rows=rows, impl="reference"
-    )
-    assert_bitwise_equal(y, ref, "int8_gemm rows= vs reference")
+    expected = epilogue(x[:rows].astype(np.int64) @ w.astype(np.int64).T, s_x[:rows], s_w)
+    expected = np.asarray(jnp.asarray(expected).astype(out_dtype))
+    assert_bitwise_equal(y, expected, "int8_gemm rows= vs numpy")
+    # The jnp reference's rows= on the CPU only: on the H200 the reference (XLA's own int8 dot)
+    # differed from numpy in all 99 elements at (9, 37, 11), the first 130 against 65.
+    if device.platform == "cpu":
+        ref = run_on(
+            device, ops.int8_gemm, x, s_x, w, s_w, out_dtype=out_dtype, rows=rows, impl="reference"
+        )
+        assert_bitwise_equal(ref, expected, "int8_gemm reference rows= vs numpy")
 
 
 @pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
