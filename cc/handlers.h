@@ -19,6 +19,7 @@
   X("prism_glu_quant2_sum", PrismGluQuant2SumCpu, PrismGluQuant2SumCuda)       \
   X("prism_quantize_rows", PrismQuantizeRowsCpu, PrismQuantizeRowsCuda)        \
   X("prism_qkv_rope", PrismQkvRopeCpu, PrismQkvRopeCuda)                      \
+  X("prism_qkv_rope_sum", PrismQkvRopeSumCpu, PrismQkvRopeSumCuda)             \
   X("prism_candidate_head", PrismCandidateHeadCpu, PrismCandidateHeadCuda)     \
   X("prism_vocab_logsumexp", PrismVocabLogSumExpCpu, PrismVocabLogSumExpCuda) \
   X("prism_tree_attention", PrismTreeAttentionCpu, PrismTreeAttentionCuda)

@@ -13,6 +13,11 @@
 //   out[d] = y[d] * cos[t, i] - y[d + half] * sin[t, i]   (d <  half)
 //   out[d] = y[d] * cos[t, i] + y[d - half] * sin[t, i]   (d >= half)
 // each product and the sum rounded to f32 separately (no FMA): ops.qkv_rope's reference.
+//
+// prism_qkv_rope_sum takes the two-digit projection's partial products instead of qkv:
+//   y2 f32 [2T, K, G + 2, H] (x1 W1 stacked over x2 W1), y_w2 f32 [T, K, G + 2, H] (x1 W2)
+// and reads qkv[t] = y2[t] + (y2[T + t] + y_w2[t]), each add rounded, in Int8Linear's order:
+// the same bits as the XLA sum it replaces, without writing that sum out.
 #pragma once
 
 #include <cstdint>
@@ -48,6 +53,16 @@ inline ffi::Error CheckQkvRope(ffi::AnyBuffer::Dimensions qkv, ffi::AnyBuffer::D
     PRISM_REQUIRE(kv.size() == 3 && kv[0] == dm->t && kv[1] == dm->k && kv[2] == dm->h,
                   op + "k and v must be [T, K, H] for qkv " + DimsToString(qkv));
   }
+  return ffi::Error::Success();
+}
+
+// y2 must stack two of y_w2's rows (the partial products of prism_qkv_rope_sum).
+inline ffi::Error CheckQkvPartials(ffi::AnyBuffer::Dimensions y2,
+                                   ffi::AnyBuffer::Dimensions y_w2) {
+  PRISM_REQUIRE(y2.size() == 4 && y_w2.size() == 4 && y2[0] == 2 * y_w2[0] &&
+                    y2[1] == y_w2[1] && y2[2] == y_w2[2] && y2[3] == y_w2[3],
+                "prism_qkv_rope_sum: y2 must be [2T, K, G + 2, H] for y_w2 [T, K, G + 2, H], "
+                "got " + DimsToString(y2) + " and " + DimsToString(y_w2));
   return ffi::Error::Success();
 }
 

@@ -24,7 +24,9 @@ constexpr int kRopeWarps = 4;  // warps per block
 constexpr int64_t kMaxRopeHead = kWarpSize * kVec;  // one chunk per lane
 
 struct QkvRopeArgs {
-  const float* qkv;
+  const float* qkv;   // [T, K, G + 2, H]; or null, and the rows come from the partials:
+  const float* y2;    // [2T, K, G + 2, H] (prism_qkv_rope_sum)
+  const float* y_w2;  // [T, K, G + 2, H]
   const float* cos;
   const float* sin;
   const float* q_gamma;
@@ -66,7 +68,16 @@ __global__ void __launch_bounds__(kRopeWarps * kWarpSize)
   const bool is_q = slot < dm.g, is_v = slot == dm.g + 1, low = sub < shift;
   float x[kVec] = {}, gm[kVec] = {}, c[kVec] = {}, s[kVec] = {};
   if (here) {
-    Load8(a.qkv + r * dm.h + sub * kVec, x);
+    if (a.qkv != nullptr) {  // uniform per kernel
+      Load8(a.qkv + r * dm.h + sub * kVec, x);
+    } else {  // y2[t] + (y2[T + t] + y_w2[t]), each add rounded (Int8Linear's order)
+      float b[kVec], w2[kVec];
+      Load8(a.y2 + r * dm.h + sub * kVec, x);
+      Load8(a.y2 + (rows + r) * dm.h + sub * kVec, b);
+      Load8(a.y_w2 + r * dm.h + sub * kVec, w2);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) x[i] = __fadd_rn(x[i], __fadd_rn(b[i], w2[i]));
+    }
     if (!is_v) {
       if (a.qk_norm) Load8((is_q ? a.q_gamma : a.k_gamma) + sub * kVec, gm);
       const int64_t at = t * (dm.h / 2) + (low ? sub : sub - shift) * kVec;
@@ -110,28 +121,16 @@ __global__ void __launch_bounds__(kRopeWarps * kWarpSize)
 
 bool Aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-ffi::Error QkvRopeCuda(cudaStream_t stream, ffi::BufferR4<ffi::F32> qkv,
-                       ffi::BufferR2<ffi::F32> cos, ffi::BufferR2<ffi::F32> sin,
-                       ffi::BufferR1<ffi::F32> q_gamma, ffi::BufferR1<ffi::F32> k_gamma,
-                       ffi::Result<ffi::BufferR3<ffi::F32>> q,
-                       ffi::Result<ffi::BufferR3<ffi::F32>> k,
-                       ffi::Result<ffi::BufferR3<ffi::F32>> v, float eps, float weight_offset,
-                       int32_t qk_norm) {
-  QkvRopeArgs a{qkv.typed_data(), cos.typed_data(), sin.typed_data(), q_gamma.typed_data(),
-                k_gamma.typed_data(), q->typed_data(), k->typed_data(), v->typed_data(),
-                {}, eps, weight_offset, qk_norm != 0};
-  if (ffi::Error e = CheckQkvRope(qkv.dimensions(), cos.dimensions(), sin.dimensions(),
-                                  q_gamma.dimensions(), k_gamma.dimensions(), q->dimensions(),
-                                  k->dimensions(), v->dimensions(), &a.dm);
-      e.failure()) {
-    return e;
-  }
+// a's buffers are set and its dims checked; checks what the kernel needs and launches it.
+ffi::Error Launch(cudaStream_t stream, const QkvRopeArgs& a) {
   const std::string op = "prism_qkv_rope (CUDA): ";
   PRISM_REQUIRE(a.dm.h % (2 * kVec) == 0 && a.dm.h <= kMaxRopeHead,
                 op + "the head dim must be a multiple of 16 up to 256, got " +
                     std::to_string(a.dm.h) + " (ops.qkv_rope_supported says which the model "
                     "routes here)");
-  for (const void* p : {static_cast<const void*>(a.qkv), static_cast<const void*>(a.cos),
+  for (const void* p : {static_cast<const void*>(a.qkv != nullptr ? a.qkv : a.y2),
+                        static_cast<const void*>(a.qkv != nullptr ? a.qkv : a.y_w2),
+                        static_cast<const void*>(a.cos),
                         static_cast<const void*>(a.sin), static_cast<const void*>(a.q_gamma),
                         static_cast<const void*>(a.k_gamma), static_cast<const void*>(a.q),
                         static_cast<const void*>(a.k), static_cast<const void*>(a.v)}) {
@@ -146,6 +145,46 @@ ffi::Error QkvRopeCuda(cudaStream_t stream, ffi::BufferR4<ffi::F32> qkv,
   return LaunchStatus("prism_qkv_rope");
 }
 
+ffi::Error QkvRopeCuda(cudaStream_t stream, ffi::BufferR4<ffi::F32> qkv,
+                       ffi::BufferR2<ffi::F32> cos, ffi::BufferR2<ffi::F32> sin,
+                       ffi::BufferR1<ffi::F32> q_gamma, ffi::BufferR1<ffi::F32> k_gamma,
+                       ffi::Result<ffi::BufferR3<ffi::F32>> q,
+                       ffi::Result<ffi::BufferR3<ffi::F32>> k,
+                       ffi::Result<ffi::BufferR3<ffi::F32>> v, float eps, float weight_offset,
+                       int32_t qk_norm) {
+  QkvRopeArgs a{qkv.typed_data(), nullptr, nullptr, cos.typed_data(), sin.typed_data(),
+                q_gamma.typed_data(), k_gamma.typed_data(), q->typed_data(), k->typed_data(),
+                v->typed_data(), {}, eps, weight_offset, qk_norm != 0};
+  if (ffi::Error e = CheckQkvRope(qkv.dimensions(), cos.dimensions(), sin.dimensions(),
+                                  q_gamma.dimensions(), k_gamma.dimensions(), q->dimensions(),
+                                  k->dimensions(), v->dimensions(), &a.dm);
+      e.failure()) {
+    return e;
+  }
+  return Launch(stream, a);
+}
+
+ffi::Error QkvRopeSumCuda(cudaStream_t stream, ffi::BufferR4<ffi::F32> y2,
+                          ffi::BufferR4<ffi::F32> y_w2, ffi::BufferR2<ffi::F32> cos,
+                          ffi::BufferR2<ffi::F32> sin, ffi::BufferR1<ffi::F32> q_gamma,
+                          ffi::BufferR1<ffi::F32> k_gamma,
+                          ffi::Result<ffi::BufferR3<ffi::F32>> q,
+                          ffi::Result<ffi::BufferR3<ffi::F32>> k,
+                          ffi::Result<ffi::BufferR3<ffi::F32>> v, float eps,
+                          float weight_offset, int32_t qk_norm) {
+  if (ffi::Error e = CheckQkvPartials(y2.dimensions(), y_w2.dimensions()); e.failure()) return e;
+  QkvRopeArgs a{nullptr, y2.typed_data(), y_w2.typed_data(), cos.typed_data(), sin.typed_data(),
+                q_gamma.typed_data(), k_gamma.typed_data(), q->typed_data(), k->typed_data(),
+                v->typed_data(), {}, eps, weight_offset, qk_norm != 0};
+  if (ffi::Error e = CheckQkvRope(y_w2.dimensions(), cos.dimensions(), sin.dimensions(),
+                                  q_gamma.dimensions(), k_gamma.dimensions(), q->dimensions(),
+                                  k->dimensions(), v->dimensions(), &a.dm);
+      e.failure()) {
+    return e;
+  }
+  return Launch(stream, a);
+}
+
 }  // namespace
 }  // namespace prism
 
@@ -155,6 +194,23 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismQkvRopeCuda, prism::QkvRopeCuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::BufferR4<ffi::F32>>()  // qkv [T, K, G + 2, H]
+                                  .Arg<ffi::BufferR2<ffi::F32>>()  // cos [T, H / 2]
+                                  .Arg<ffi::BufferR2<ffi::F32>>()  // sin [T, H / 2]
+                                  .Arg<ffi::BufferR1<ffi::F32>>()  // q_gamma [H]
+                                  .Arg<ffi::BufferR1<ffi::F32>>()  // k_gamma [H]
+                                  .Ret<ffi::BufferR3<ffi::F32>>()  // q [T, K * G, H]
+                                  .Ret<ffi::BufferR3<ffi::F32>>()  // k [T, K, H]
+                                  .Ret<ffi::BufferR3<ffi::F32>>()  // v [T, K, H]
+                                  .Attr<float>("eps")
+                                  .Attr<float>("weight_offset")
+                                  .Attr<int32_t>("qk_norm"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismQkvRopeSumCuda, prism::QkvRopeSumCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::BufferR4<ffi::F32>>()  // y2 [2T, K, G + 2, H]
+                                  .Arg<ffi::BufferR4<ffi::F32>>()  // y_w2 [T, K, G + 2, H]
                                   .Arg<ffi::BufferR2<ffi::F32>>()  // cos [T, H / 2]
                                   .Arg<ffi::BufferR2<ffi::F32>>()  // sin [T, H / 2]
                                   .Arg<ffi::BufferR1<ffi::F32>>()  // q_gamma [H]

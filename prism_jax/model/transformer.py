@@ -72,28 +72,36 @@ class Attention(nnx.Module):
 
     def __call__(self, x: Quantized | jax.Array, positions: jax.Array, attention: AttentionBackend):
         c = self.config
-        qkv = self.qkv(x)  # (T, K, G+2, H)
-        inv_freq = rope_inv_freq(c, self.layer)
-        if self.precision == "int8" and ops.qkv_rope_supported(c.head_dim):
-            # One custom call splits qkv, applies qk-norm and rotates (ops.qkv_rope).
-            cos, sin = ops.rope_tables(positions, inv_freq)
-            gammas = (self.q_norm.gamma[...], self.k_norm.gamma[...]) if c.qk_norm else ()
-            q, k, v = ops.qkv_rope(
-                qkv, cos, sin, *gammas, eps=c.rms_norm_eps, weight_offset=c.norm_weight_offset
-            )
-        else:
-            t, g = qkv.shape[0], c.num_groups
-            q = qkv[:, :, :g].reshape(t, c.num_heads, c.head_dim)  # (T, N, H)
-            k, v = qkv[:, :, g], qkv[:, :, g + 1]  # (T, K, H)
-            if c.qk_norm:
-                q, k = self.q_norm(q), self.k_norm(k)
-            q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        q, k, v = self._project(x, positions)
         a = attention(self.layer, q, k, v)  # (T, N*H)
         if self.precision == "int8":
             digits = 2 if "o" in c.int8_two_digit_rows else 1
             aq = Quantized(*ops.quantize_digits(a.astype(jnp.float32), digits=digits))
             return self.o(aq)  # (T, D)
         return self.o(a)  # (T, D)
+
+    def _project(self, x: Quantized | jax.Array, positions: jax.Array):
+        """q [T, N, H], k and v [T, K, H]: the fused projection split, qk-normed and roped."""
+        c = self.config
+        inv_freq = rope_inv_freq(c, self.layer)
+        if self.precision == "int8" and ops.qkv_rope_supported(c.head_dim):
+            # One custom call splits qkv, applies qk-norm and rotates (ops.qkv_rope); with two
+            # digits it adds the projection's partial products first (ops.qkv_rope_sum), so
+            # XLA never writes their sum out.
+            cos, sin = ops.rope_tables(positions, inv_freq)
+            gammas = (self.q_norm.gamma[...], self.k_norm.gamma[...]) if c.qk_norm else ()
+            norm = dict(eps=c.rms_norm_eps, weight_offset=c.norm_weight_offset)
+            parts = self.qkv.int8_partials(x)  # ((2T, K, G+2, H), (T, K, G+2, H)) or None
+            if parts is not None:
+                return ops.qkv_rope_sum(*parts, cos, sin, *gammas, **norm)
+            return ops.qkv_rope(self.qkv(x), cos, sin, *gammas, **norm)
+        qkv = self.qkv(x)  # (T, K, G+2, H)
+        t, g = qkv.shape[0], c.num_groups
+        q = qkv[:, :, :g].reshape(t, c.num_heads, c.head_dim)  # (T, N, H)
+        k, v = qkv[:, :, g], qkv[:, :, g + 1]  # (T, K, H)
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
 
 
 class MLP(nnx.Module):

@@ -16,7 +16,7 @@ from prism_jax.ops.glu_quant import (
     glu_quant_pair,
 )
 from prism_jax.ops.int8_gemm import int8_gemm
-from prism_jax.ops.qkv_rope import qkv_rope, qkv_rope_supported, rope_tables
+from prism_jax.ops.qkv_rope import qkv_rope, qkv_rope_sum, qkv_rope_supported, rope_tables
 from prism_jax.ops.quantize import (
     dequantize_rows,
     quantize_remainder,
@@ -43,6 +43,7 @@ __all__ = [
     "int8_gemm",
     "pack_chains",
     "qkv_rope",
+    "qkv_rope_sum",
     "qkv_rope_supported",
     "quantize_digits",
     "quantize_remainder",

@@ -4,6 +4,9 @@ and rotated by position, in one custom call (cc/ops/qkv_rope.h has the arithmeti
   qkv_rope(qkv [T, K, G + 2, H], cos, sin [T, H/2], q_gamma, k_gamma [H] or None)
       -> q [T, K * G, H], k [T, K, H], v [T, K, H]        (all float32)
 
+  qkv_rope_sum(y2 [2T, K, G + 2, H], y_w2 [T, K, G + 2, H], cos, sin, ...)
+      = qkv_rope(y2[:T] + (y2[T:] + y_w2), cos, sin, ...)   (the two-digit projection's parts)
+
 Per kv head, qkv holds its G query heads, then its key, then its value (Attention's layout).
 It replaces two rmsnorm calls, the slices feeding them and XLA's rope fusions: on the H200
 each of those ~6 launches a layer cost 2-3 us at 256 tokens. The norm is rmsnorm's canonical
@@ -54,29 +57,29 @@ def rotate_reference(y: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return jnp.concatenate([p[0] - p[1], p[2] + p[3]], axis=-1)
 
 
-def _check(qkv, cos, sin, q_gamma, k_gamma) -> None:
+def _check(qkv, cos, sin, q_gamma, k_gamma, op: str = _OP, name: str = "qkv") -> None:
     f32 = [jnp.float32]
-    _checks.require(_OP, "qkv", qkv, rank=4, dtypes=f32, expected="[T, K, G + 2, H]")
+    _checks.require(op, name, qkv, rank=4, dtypes=f32, expected="[T, K, G + 2, H]")
     t, _, slots, h = qkv.shape
     if slots < 3 or h % 2:
         raise ValueError(
-            f"{_OP}: qkv must be [T, K, G + 2, H] with G >= 1 and H even, got "
+            f"{op}: {name} must be [T, K, G + 2, H] with G >= 1 and H even, got "
             f"{_checks.describe(qkv)}"
         )
-    for name, table in (("cos", cos), ("sin", sin)):
-        _checks.require(_OP, name, table, rank=2, dtypes=f32, expected=f"[{t}, {h // 2}]")
+    for tname, table in (("cos", cos), ("sin", sin)):
+        _checks.require(op, tname, table, rank=2, dtypes=f32, expected=f"[{t}, {h // 2}]")
         if table.shape != (t, h // 2):
             raise ValueError(
-                f"{_OP}: {name} must be [T, H/2] = [{t}, {h // 2}], got {_checks.describe(table)}"
+                f"{op}: {tname} must be [T, H/2] = [{t}, {h // 2}], got {_checks.describe(table)}"
             )
     if (q_gamma is None) != (k_gamma is None):
-        raise ValueError(f"{_OP}: pass both q_gamma and k_gamma (qk-norm) or neither")
-    for name, g in (("q_gamma", q_gamma), ("k_gamma", k_gamma)):
+        raise ValueError(f"{op}: pass both q_gamma and k_gamma (qk-norm) or neither")
+    for gname, g in (("q_gamma", q_gamma), ("k_gamma", k_gamma)):
         if g is not None:
             _checks.require(
-                _OP, name, g, rank=1, dtypes=[jnp.float32, jnp.bfloat16], expected=f"[{h}]"
+                op, gname, g, rank=1, dtypes=[jnp.float32, jnp.bfloat16], expected=f"[{h}]"
             )
-            _checks.require_dim(_OP, name, g, 0, h, f"[H] with H = {h}")
+            _checks.require_dim(op, gname, g, 0, h, f"[H] with H = {h}")
 
 
 def _reference(qkv, cos, sin, q_gamma, k_gamma, eps: float, weight_offset: float):
@@ -88,6 +91,28 @@ def _reference(qkv, cos, sin, q_gamma, k_gamma, eps: float, weight_offset: float
         q = _normalize_reference(q, q_gamma, eps, weight_offset)
         k = _normalize_reference(k, k_gamma, eps, weight_offset)
     return rotate_reference(q, cos, sin), rotate_reference(k, cos, sin), v
+
+
+def _call(target: str, operands: tuple, t: int, kv: int, g: int, h: int, gammas, eps, offset):
+    """The FFI call of prism_qkv_rope(_sum): operands, then cos, sin and both gammas."""
+    require_target(target)
+    q_gamma, k_gamma = gammas
+    norm = q_gamma is not None
+    zeros = jnp.zeros((h,), jnp.float32)
+    outs = (
+        jax.ShapeDtypeStruct((t, kv * g, h), jnp.float32),
+        jax.ShapeDtypeStruct((t, kv, h), jnp.float32),
+        jax.ShapeDtypeStruct((t, kv, h), jnp.float32),
+    )
+    call = jax.ffi.ffi_call(target, outs, vmap_method="sequential")
+    return call(
+        *operands,
+        q_gamma.astype(jnp.float32) if norm else zeros,
+        k_gamma.astype(jnp.float32) if norm else zeros,
+        eps=np.float32(eps),
+        weight_offset=np.float32(offset),
+        qk_norm=np.int32(norm),
+    )
 
 
 def qkv_rope(
@@ -115,24 +140,50 @@ def qkv_rope(
     _check(qkv, cos, sin, q_gamma, k_gamma)
     if resolve_impl(impl) == "reference":
         return _reference(qkv, cos, sin, q_gamma, k_gamma, eps, weight_offset)
-    require_target("prism_qkv_rope")
     t, kv, slots, h = qkv.shape
-    g = slots - 2
-    norm = q_gamma is not None
-    zeros = jnp.zeros((h,), jnp.float32)
-    outs = (
-        jax.ShapeDtypeStruct((t, kv * g, h), jnp.float32),
-        jax.ShapeDtypeStruct((t, kv, h), jnp.float32),
-        jax.ShapeDtypeStruct((t, kv, h), jnp.float32),
-    )
-    call = jax.ffi.ffi_call("prism_qkv_rope", outs, vmap_method="sequential")
-    return call(
-        qkv,
-        cos,
-        sin,
-        q_gamma.astype(jnp.float32) if norm else zeros,
-        k_gamma.astype(jnp.float32) if norm else zeros,
-        eps=np.float32(eps),
-        weight_offset=np.float32(weight_offset),
-        qk_norm=np.int32(norm),
-    )
+    gammas = (q_gamma, k_gamma)
+    return _call("prism_qkv_rope", (qkv, cos, sin), t, kv, slots - 2, h, gammas, eps, weight_offset)
+
+
+def qkv_rope_sum(
+    y2,
+    y_w2,
+    cos,
+    sin,
+    q_gamma=None,
+    k_gamma=None,
+    *,
+    eps: float = 1e-6,
+    weight_offset: float = 0.0,
+    impl: Impl | None = None,
+):
+    """qkv_rope of the two-digit projection's partial products, added in the kernel as
+    Int8Linear adds them: qkv = y2[:T] + (y2[T:] + y_w2), each add rounded. One custom call
+    instead of an XLA fusion that writes the sum out and qkv_rope reading it back.
+
+    Args:
+      y2: float32 [2T, K, G + 2, H], x1 W1 stacked over x2 W1 (Linear.int8_partials).
+      y_w2: float32 [T, K, G + 2, H], x1 W2.
+      cos, sin, q_gamma, k_gamma, eps, weight_offset: as qkv_rope.
+
+    Returns:
+      (q [T, K * G, H], k [T, K, H], v [T, K, H]), float32: qkv_rope's bits for that sum.
+    """
+    f32 = [jnp.float32]
+    _checks.require("qkv_rope_sum", "y_w2", y_w2, rank=4, dtypes=f32, expected="[T, K, G + 2, H]")
+    t = y_w2.shape[0]
+    want = (2 * t, *y_w2.shape[1:])
+    _checks.require("qkv_rope_sum", "y2", y2, rank=4, dtypes=f32, expected=f"{list(want)}")
+    if y2.shape != want:
+        raise ValueError(
+            f"qkv_rope_sum: y2 must be {list(want)} (x1 W1 over x2 W1 for y_w2 "
+            f"{_checks.describe(y_w2)}), got {_checks.describe(y2)}"
+        )
+    _check(y_w2, cos, sin, q_gamma, k_gamma, op="qkv_rope_sum", name="y_w2")
+    if resolve_impl(impl) == "reference":
+        qkv = y2[:t] + (y2[t:] + y_w2)
+        return _reference(qkv, cos, sin, q_gamma, k_gamma, eps, weight_offset)
+    _, kv, slots, h = y_w2.shape
+    gammas = (q_gamma, k_gamma)
+    operands = (y2, y_w2, cos, sin)
+    return _call("prism_qkv_rope_sum", operands, t, kv, slots - 2, h, gammas, eps, weight_offset)

@@ -101,6 +101,62 @@ def test_qkv_rope_row_invariant(device, rng):
     )
 
 
+@pytest.mark.parametrize("t,k,g,h", [(1, 1, 1, 16), (5, 4, 2, 128), (9, 2, 4, 80)])
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_qkv_rope_sum_is_qkv_rope_of_the_sum(device, rng, t, k, g, h, qk_norm):
+    """The two-digit form adds the partial products as Int8Linear does, y2[:T] + (y2[T:] +
+    y_w2), then has qkv_rope's bits; its reference too (on the CPU)."""
+    _, cos, sin, gammas = inputs(rng, t, k, g, h)
+    y2 = rng.normal(0, 1.0, (2 * t, k, g + 2, h)).astype(np.float32)
+    y2[t:] *= np.float32(2.0**-7)  # x2 W1: a digit's remainder, as in the model
+    y_w2 = rng.normal(0, 2.0**-7, (t, k, g + 2, h)).astype(np.float32)
+    style = dict(eps=1e-6, weight_offset=1.0)
+    g_args = tuple(gammas) if qk_norm else ()
+    out = run_on(device, ops.qkv_rope_sum, y2, y_w2, cos, sin, *g_args, **style)
+    qkv = run_on(device, lambda a, b: a[:t] + (a[t:] + b), y2, y_w2)
+    want = run_on(device, ops.qkv_rope, qkv, cos, sin, *g_args, **style)
+    cpu = jax.devices("cpu")[0]
+    ref = run_on(cpu, ops.qkv_rope_sum, y2, y_w2, cos, sin, *g_args, impl="reference", **style)
+    for name, a, b, r in zip(("q", "k", "v"), out, want, ref, strict=True):
+        assert_bitwise_equal(a, b, f"qkv_rope_sum {name} vs qkv_rope of the XLA sum")
+        assert_bitwise_equal(a, r, f"qkv_rope_sum {name} vs its reference")
+
+
+def test_qkv_rope_sum_bad_inputs():
+    z = np.zeros
+    with pytest.raises(ValueError, match="y2 must be \\[4, 1, 3, 8\\]"):
+        ops.qkv_rope_sum(
+            z((2, 1, 3, 8), np.float32),
+            z((2, 1, 3, 8), np.float32),
+            z((2, 4), np.float32),
+            z((2, 4), np.float32),
+        )
+    with pytest.raises(ValueError, match="y_w2"):
+        ops.qkv_rope_sum(
+            z((4, 1, 3, 8), np.float32),
+            z((2, 1, 2, 8), np.float32),
+            z((2, 4), np.float32),
+            z((2, 4), np.float32),
+        )
+    ops.register()
+    outs = tuple(jax.ShapeDtypeStruct(s, jnp.float32) for s in ((2, 1, 8), (2, 1, 8), (2, 1, 8)))
+    call = jax.ffi.ffi_call("prism_qkv_rope_sum", outs)
+    with pytest.raises(Exception, match="y2 must be \\[2T, K, G \\+ 2, H\\]"):
+        jax.block_until_ready(
+            call(
+                z((3, 1, 3, 8), np.float32),
+                z((2, 1, 3, 8), np.float32),
+                z((2, 4), np.float32),
+                z((2, 4), np.float32),
+                z(8, np.float32),
+                z(8, np.float32),
+                eps=np.float32(1e-6),
+                weight_offset=np.float32(0),
+                qk_norm=np.int32(0),
+            )
+        )
+
+
 def test_qkv_rope_cuda_refuses_unsupported_head_dims(gpu, rng):
     """Head dims the kernel cannot serve are an error naming what to do, never wrong numbers
     (the model keeps XLA's rope for them: qkv_rope_supported)."""
