@@ -21,6 +21,7 @@ TARGETS = {
     "prism_glu_quant2_sum",
     "prism_quantize_rows",
     "prism_qkv_rope",
+    "prism_qkv_rope_sum",
     "prism_candidate_head",
     "prism_vocab_logsumexp",
     "prism_tree_attention",
