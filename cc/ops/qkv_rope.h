@@ -56,14 +56,17 @@ inline ffi::Error CheckQkvRope(ffi::AnyBuffer::Dimensions qkv, ffi::AnyBuffer::D
   return ffi::Error::Success();
 }
 
-// y2 must stack two of y_w2's rows (the partial products of prism_qkv_rope_sum).
-inline ffi::Error CheckQkvPartials(ffi::AnyBuffer::Dimensions y2,
-                                   ffi::AnyBuffer::Dimensions y_w2) {
+// prism_qkv_rope_sum's shapes: y2 stacks two of y_w2's rows, and y_w2 has qkv's layout.
+inline ffi::Error CheckQkvRopeSum(ffi::AnyBuffer::Dimensions y2, ffi::AnyBuffer::Dimensions y_w2,
+                                  ffi::AnyBuffer::Dimensions cos, ffi::AnyBuffer::Dimensions sin,
+                                  ffi::AnyBuffer::Dimensions qg, ffi::AnyBuffer::Dimensions kg,
+                                  ffi::AnyBuffer::Dimensions q, ffi::AnyBuffer::Dimensions k,
+                                  ffi::AnyBuffer::Dimensions v, QkvRopeDims* dm) {
   PRISM_REQUIRE(y2.size() == 4 && y_w2.size() == 4 && y2[0] == 2 * y_w2[0] &&
                     y2[1] == y_w2[1] && y2[2] == y_w2[2] && y2[3] == y_w2[3],
                 "prism_qkv_rope_sum: y2 must be [2T, K, G + 2, H] for y_w2 [T, K, G + 2, H], "
                 "got " + DimsToString(y2) + " and " + DimsToString(y_w2));
-  return ffi::Error::Success();
+  return CheckQkvRope(y_w2, cos, sin, qg, kg, q, k, v, dm);
 }
 
 }  // namespace prism

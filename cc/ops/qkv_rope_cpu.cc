@@ -101,11 +101,10 @@ ffi::Error QkvRopeSumCpu(ffi::ThreadPool pool, ffi::BufferR4<ffi::F32> y2,
                          ffi::Result<ffi::BufferR3<ffi::F32>> k,
                          ffi::Result<ffi::BufferR3<ffi::F32>> v, float eps, float weight_offset,
                          int32_t qk_norm) {
-  if (ffi::Error e = CheckQkvPartials(y2.dimensions(), y_w2.dimensions()); e.failure()) return e;
   QkvRopeDims dm;
-  if (ffi::Error e = CheckQkvRope(y_w2.dimensions(), cos.dimensions(), sin.dimensions(),
-                                  q_gamma.dimensions(), k_gamma.dimensions(), q->dimensions(),
-                                  k->dimensions(), v->dimensions(), &dm);
+  if (ffi::Error e = CheckQkvRopeSum(y2.dimensions(), y_w2.dimensions(), cos.dimensions(),
+                                     sin.dimensions(), q_gamma.dimensions(), k_gamma.dimensions(),
+                                     q->dimensions(), k->dimensions(), v->dimensions(), &dm);
       e.failure()) {
     return e;
   }

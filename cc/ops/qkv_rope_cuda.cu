@@ -172,13 +172,12 @@ ffi::Error QkvRopeSumCuda(cudaStream_t stream, ffi::BufferR4<ffi::F32> y2,
                           ffi::Result<ffi::BufferR3<ffi::F32>> k,
                           ffi::Result<ffi::BufferR3<ffi::F32>> v, float eps,
                           float weight_offset, int32_t qk_norm) {
-  if (ffi::Error e = CheckQkvPartials(y2.dimensions(), y_w2.dimensions()); e.failure()) return e;
   QkvRopeArgs a{nullptr, y2.typed_data(), y_w2.typed_data(), cos.typed_data(), sin.typed_data(),
                 q_gamma.typed_data(), k_gamma.typed_data(), q->typed_data(), k->typed_data(),
                 v->typed_data(), {}, eps, weight_offset, qk_norm != 0};
-  if (ffi::Error e = CheckQkvRope(y_w2.dimensions(), cos.dimensions(), sin.dimensions(),
-                                  q_gamma.dimensions(), k_gamma.dimensions(), q->dimensions(),
-                                  k->dimensions(), v->dimensions(), &a.dm);
+  if (ffi::Error e = CheckQkvRopeSum(y2.dimensions(), y_w2.dimensions(), cos.dimensions(),
+                                     sin.dimensions(), q_gamma.dimensions(), k_gamma.dimensions(),
+                                     q->dimensions(), k->dimensions(), v->dimensions(), &a.dm);
       e.failure()) {
     return e;
   }

@@ -8,6 +8,8 @@ from the buffer that stacks both digits: cc/ops/int8_gemm_shapes.h says why).
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -76,7 +78,7 @@ def _int8_gemm_ffi(x_q, s_x, w_q, s_w, out_dtype, rows: int | None) -> jax.Array
     require_target("prism_int8_gemm")
     lead = x_q.shape[:-1] if rows is None else (rows,)
     x2 = x_q.reshape(-1, x_q.shape[-1])  # (R, K)
-    (m, k), n = (x2.shape if rows is None else (rows, x2.shape[1])), w_q.shape[0]
+    m, k, n = math.prod(lead), x2.shape[1], w_q.shape[0]
     # y's M rows (at most R) say how many leading rows of x_q the handler uses.
     call = jax.ffi.ffi_call(
         "prism_int8_gemm",

@@ -93,9 +93,12 @@ def _reference(qkv, cos, sin, q_gamma, k_gamma, eps: float, weight_offset: float
     return rotate_reference(q, cos, sin), rotate_reference(k, cos, sin), v
 
 
-def _call(target: str, operands: tuple, t: int, kv: int, g: int, h: int, gammas, eps, offset):
-    """The FFI call of prism_qkv_rope(_sum): operands, then cos, sin and both gammas."""
+def _call(target: str, operands: tuple, layout: tuple, gammas, eps, offset):
+    """The FFI call of prism_qkv_rope(_sum): its operands (cos and sin last), then both
+    gammas; layout is qkv's shape [T, K, G + 2, H]."""
     require_target(target)
+    t, kv, slots, h = layout
+    g = slots - 2
     q_gamma, k_gamma = gammas
     norm = q_gamma is not None
     zeros = jnp.zeros((h,), jnp.float32)
@@ -140,9 +143,8 @@ def qkv_rope(
     _check(qkv, cos, sin, q_gamma, k_gamma)
     if resolve_impl(impl) == "reference":
         return _reference(qkv, cos, sin, q_gamma, k_gamma, eps, weight_offset)
-    t, kv, slots, h = qkv.shape
     gammas = (q_gamma, k_gamma)
-    return _call("prism_qkv_rope", (qkv, cos, sin), t, kv, slots - 2, h, gammas, eps, weight_offset)
+    return _call("prism_qkv_rope", (qkv, cos, sin), qkv.shape, gammas, eps, weight_offset)
 
 
 def qkv_rope_sum(
@@ -169,21 +171,20 @@ def qkv_rope_sum(
     Returns:
       (q [T, K * G, H], k [T, K, H], v [T, K, H]), float32: qkv_rope's bits for that sum.
     """
-    f32 = [jnp.float32]
-    _checks.require("qkv_rope_sum", "y_w2", y_w2, rank=4, dtypes=f32, expected="[T, K, G + 2, H]")
+    _check(y_w2, cos, sin, q_gamma, k_gamma, op="qkv_rope_sum", name="y_w2")
     t = y_w2.shape[0]
     want = (2 * t, *y_w2.shape[1:])
-    _checks.require("qkv_rope_sum", "y2", y2, rank=4, dtypes=f32, expected=f"{list(want)}")
+    _checks.require(
+        "qkv_rope_sum", "y2", y2, rank=4, dtypes=[jnp.float32], expected=str(list(want))
+    )
     if y2.shape != want:
         raise ValueError(
             f"qkv_rope_sum: y2 must be {list(want)} (x1 W1 over x2 W1 for y_w2 "
             f"{_checks.describe(y_w2)}), got {_checks.describe(y2)}"
         )
-    _check(y_w2, cos, sin, q_gamma, k_gamma, op="qkv_rope_sum", name="y_w2")
     if resolve_impl(impl) == "reference":
         qkv = y2[:t] + (y2[t:] + y_w2)
         return _reference(qkv, cos, sin, q_gamma, k_gamma, eps, weight_offset)
-    _, kv, slots, h = y_w2.shape
     gammas = (q_gamma, k_gamma)
     operands = (y2, y_w2, cos, sin)
-    return _call("prism_qkv_rope_sum", operands, t, kv, slots - 2, h, gammas, eps, weight_offset)
+    return _call("prism_qkv_rope_sum", operands, y_w2.shape, gammas, eps, weight_offset)
