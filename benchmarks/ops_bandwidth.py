@@ -2,7 +2,7 @@
 
     python3 benchmarks/ops_bandwidth.py --out DIR [--runs 10] [--ms 64,256,512,4096]
         [--dtypes f32,bf16] [--norm-kernels reg2,reg4,reg8,lean4,lean8]
-        [--glu-caches off]
+        [--glu-caches off] [--head-kernels row,warp]
 
 The ops as the 27B model calls them (D = 5376, F = 21504, gelu_tanh), in the activation dtype
 of its INT8 path (f32; bf16 with --dtypes): rmsnorm_quant, add_rmsnorm_quant (residual add,
@@ -12,7 +12,8 @@ and glu_quant2_sum (two digits: the latter reads the three partial products), at
 candidate_head (R rows x C = 16 candidates gathered from a 262,208 x 5376 bf16 embedding) and
 vocab_logsumexp (the whole embedding once per call). --norm-kernels also times the RMSNorm
 kernels forced with PRISM_RMSNORM_KERNEL, and --glu-caches the gated activation with
-PRISM_GLU_CACHE (same bits, each a fresh executable), at the smallest and largest M.
+PRISM_GLU_CACHE (same bits, each a fresh executable), at the smallest and largest M;
+--head-kernels candidate_head's kernels forced with PRISM_CANDIDATE_HEAD_KERNEL.
 
 Bytes = every input read once plus every output written once. Each timed run is one jitted call
 applying the op R times, call i to its own inputs (XLA can neither merge nor deduplicate calls,
@@ -128,7 +129,7 @@ def glu_op_set(m: int, dt, emit, runs, normal, cache: str) -> None:
                3 * m * 2 * F * 4, 2 * (m * F + m * 4), emit, runs, **meta)  # fmt: skip
 
 
-def head_ops(rows: list[int], emit, runs, normal, key) -> None:
+def head_ops(rows: list[int], emit, runs, normal, key, kernels: list[str]) -> None:
     emb = normal(0, (V, D), jnp.bfloat16)  # the INT8 model's output embedding is bf16
     for r in rows:
         counts = jnp.full((r,), C, jnp.int32)
@@ -137,9 +138,14 @@ def head_ops(rows: list[int], emit, runs, normal, key) -> None:
             ids = jax.random.randint(jax.random.fold_in(key, i), (r, C), 0, V, jnp.int32)
             return normal(i, (r, D), jnp.float32), ids, emb  # emb an argument, not a constant
 
-        run_op("candidate_head", lambda h, ids, e, c=counts: ops.candidate_head(h, e, ids, c),
-               inputs, r * D * 4 + r * C * (D * 2 + 4), r * C * 8, emit, runs, R=r, C=C, V=V,
-               D=D)  # fmt: skip
+        for kernel in ["default", *kernels]:
+            os.environ.pop("PRISM_CANDIDATE_HEAD_KERNEL", None)
+            if kernel != "default":
+                os.environ["PRISM_CANDIDATE_HEAD_KERNEL"] = kernel
+            run_op("candidate_head", lambda h, ids, e, c=counts: ops.candidate_head(h, e, ids, c),
+                   inputs, r * D * 4 + r * C * (D * 2 + 4), r * C * 8, emit, runs, tag=kernel,
+                   R=r, C=C, V=V, D=D, kernel=kernel)  # fmt: skip
+    os.environ.pop("PRISM_CANDIDATE_HEAD_KERNEL", None)
     run_op("vocab_logsumexp", lambda h, e: ops.vocab_logsumexp(h, e),
            lambda i: (normal(i, (1, D), jnp.float32), emb), V * D * 2 + D * 4, 4, emit, runs,
            R=1, V=V, D=D)  # fmt: skip
@@ -180,6 +186,7 @@ def main() -> int:
     p.add_argument("--dtypes", default="f32")
     p.add_argument("--norm-kernels", default="", help="forced RMSNorm kernels, comma-separated")
     p.add_argument("--glu-caches", default="", help="forced PRISM_GLU_CACHE settings (on, off)")
+    p.add_argument("--head-kernels", default="", help="forced candidate_head kernels (row, warp)")
     p.add_argument("--render", help="print the table of an ops_bandwidth.jsonl and exit")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (script check)")
     p.add_argument("--device-time", action="store_true", help="also kernel times from a trace")
@@ -221,7 +228,8 @@ def main() -> int:
                 forced = kernels if m in (min(ms), max(ms)) else []
                 norm_ops(m, DTYPES[name], emit, args.runs, normal, forced)
                 glu_ops(m, DTYPES[name], emit, args.runs, normal, caches if forced else [])
-        head_ops([int(r) for r in args.rows.split(",")], emit, args.runs, normal, key)
+        head_kernels = [k for k in args.head_kernels.split(",") if k]
+        head_ops([int(r) for r in args.rows.split(",")], emit, args.runs, normal, key, head_kernels)
     sink.close()
     (out / "ops_bandwidth.md").write_text(render(path))
     sys.stdout.write(render(path))

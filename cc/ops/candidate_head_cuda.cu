@@ -8,6 +8,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "cc/common.h"
 #include "cc/cuda_common.cuh"
@@ -63,6 +65,112 @@ __global__ void __launch_bounds__(kLogitWarps * kWarpSize)
     out = WarpLogit(hidden + r * d, emb + static_cast<int64_t>(id) * d, d, lane, softcap);
   }
   if (lane == 0) logits[g] = out;
+}
+
+// The row kernel (the default): one block per readout row, the row's hidden vector staged once
+// in shared memory as f32 (exact for bf16), its warps taking two candidates at a time. The warp
+// kernel above reads the hidden row again from L2 for every candidate: at R = 2048, C = 16,
+// D = 5376 that is 704 MB of L2 reads beside 352 MB of embedding rows, and it ran at 66 % of
+// the copy bandwidth (results/ops_h200_session9/). Each logit is the same canonical chain of
+// the same products (WarpCanonicalSum's order: kSumUnroll chunks per step, the lane's partial
+// in increasing d, then the butterfly), so both kernels give the same bits.
+constexpr int kRowLogitWarps = 8;
+constexpr int64_t kMaxStagedHidden = 12288;  // f32 of the staged row, within 48 KiB
+
+// Whether candidate c of a row with n candidates gets a dot; its value otherwise (NaN for a bad
+// row or id, -inf for padding), as CandidateLogitsKernel decides.
+__device__ __forceinline__ bool CandidateWanted(int32_t n, int64_t c, int64_t c_count,
+                                                int32_t id, int64_t v, float* out) {
+  if (n < 1 || n > c_count || (c < n && (id < 0 || id >= v))) {
+    *out = QuietNaN();
+    return false;
+  }
+  if (c >= n) {
+    *out = NegInf();
+    return false;
+  }
+  return true;
+}
+
+// The canonical dots of the staged row hs with embedding rows ea and (when two) eb, their
+// chunks' loads in flight together. Returns the butterflied sums (b: 0 when !two).
+template <typename E>
+__device__ __forceinline__ void PairDot(const float* hs, const E* ea, const E* eb, bool two,
+                                        int64_t d, int lane, float* a_out, float* b_out) {
+  float acc_a = 0.0f, acc_b = 0.0f;
+  for (int64_t base = static_cast<int64_t>(lane) * kVec; base < d;
+       base += kSumUnroll * kStride) {
+    float ta[kSumUnroll][kVec], tb[kSumUnroll][kVec] = {};
+    int cnt[kSumUnroll];
+#pragma unroll
+    for (int u = 0; u < kSumUnroll; ++u) {
+      const int64_t d0 = base + u * kStride;
+      cnt[u] = d0 < d ? ChunkCount(d0, d) : 0;
+      if (cnt[u] > 0) LoadChunk(ea + d0, cnt[u], ta[u]);
+      if (two && cnt[u] > 0) LoadChunk(eb + d0, cnt[u], tb[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kSumUnroll; ++u) {
+      if (cnt[u] == 0) continue;
+      float hv[kVec];
+      LoadChunk(hs + base + u * kStride, cnt[u], hv);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        ta[u][i] = __fmul_rn(hv[i], ta[u][i]);
+        tb[u][i] = __fmul_rn(hv[i], tb[u][i]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kSumUnroll; ++u) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        if (i < cnt[u]) acc_a = __fadd_rn(acc_a, ta[u][i]);
+        if (two && i < cnt[u]) acc_b = __fadd_rn(acc_b, tb[u][i]);
+      }
+    }
+  }
+  *a_out = WarpButterflySum(acc_a);
+  *b_out = WarpButterflySum(two ? acc_b : 0.0f);
+}
+
+// Block r: logits[r, c] for every c, warp w taking candidates 2w, 2w + 1, then 2w + 16, ...
+template <typename H, typename E>
+__global__ void __launch_bounds__(kRowLogitWarps * kWarpSize)
+    CandidateRowLogitsKernel(const H* __restrict__ hidden, const E* __restrict__ emb,
+                             const int32_t* __restrict__ ids, const int32_t* __restrict__ counts,
+                             int64_t c_count, int64_t v, int64_t d, float softcap,
+                             float* __restrict__ logits) {
+  extern __shared__ float4 staged4[];  // the row, whole chunks (zeros past d)
+  float* hs = reinterpret_cast<float*>(staged4);
+  const int64_t r = blockIdx.x;
+  for (int64_t d0 = static_cast<int64_t>(threadIdx.x) * kVec; d0 < d;
+       d0 += static_cast<int64_t>(blockDim.x) * kVec) {
+    float t[kVec];
+    LoadChunk(hidden + r * d + d0, ChunkCount(d0, d), t);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) hs[d0 + i] = t[i];
+  }
+  __syncthreads();
+  const int warp = static_cast<int>(threadIdx.x / kWarpSize);
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  const int32_t n = counts[r];
+  for (int64_t c = 2 * warp; c < c_count; c += 2 * kRowLogitWarps) {
+    const bool has_b = c + 1 < c_count;
+    const int32_t id_a = ids[r * c_count + c], id_b = has_b ? ids[r * c_count + c + 1] : 0;
+    float out_a = 0.0f, out_b = 0.0f;
+    const bool want_a = CandidateWanted(n, c, c_count, id_a, v, &out_a);
+    const bool want_b = has_b && CandidateWanted(n, c + 1, c_count, id_b, v, &out_b);
+    if (want_a || want_b) {  // uniform per warp; an unwanted a still runs, discarded
+      const E* ea = emb + static_cast<int64_t>(want_a ? id_a : id_b) * d;
+      const E* eb = emb + static_cast<int64_t>(want_b ? id_b : 0) * d;
+      float dot_a = 0.0f, dot_b = 0.0f;
+      PairDot(hs, ea, eb, want_a && want_b, d, lane, &dot_a, &dot_b);
+      if (want_a) out_a = Softcap(dot_a, softcap);
+      if (want_b) out_b = Softcap(want_a ? dot_b : dot_a, softcap);
+    }
+    if (lane == 0) logits[r * c_count + c] = out_a;
+    if (lane == 0 && has_b) logits[r * c_count + c + 1] = out_b;
+  }
 }
 
 // One thread per row: renormalise over the first counts[r] logits exactly as CandidateRows.
@@ -216,6 +324,23 @@ ffi::Error DispatchHiddenEmbedding(const ffi::AnyBuffer& hidden, const ffi::AnyB
   return fn(hidden.reinterpret_data<uint16_t>(), emb.reinterpret_data<uint16_t>());
 }
 
+// PRISM_CANDIDATE_HEAD_KERNEL (tests compare the two bitwise): unset or empty takes the row
+// kernel wherever its staged row fits (D <= kMaxStagedHidden, R < 2^31) and the warp kernel
+// otherwise; "row" or "warp" force one ("row" where it cannot run is an error, not a silent
+// fallback); any other value is an error.
+ffi::Error UseRowKernel(int64_t r, int64_t c, int64_t d, bool* row) {
+  const char* env = std::getenv("PRISM_CANDIDATE_HEAD_KERNEL");
+  const std::string name = env != nullptr ? env : "";
+  PRISM_REQUIRE(name.empty() || name == "row" || name == "warp",
+                "PRISM_CANDIDATE_HEAD_KERNEL must be unset, row or warp; got " + name);
+  const bool fits = d <= kMaxStagedHidden && r <= 0x7fffffff && c > 0;
+  PRISM_REQUIRE(name != "row" || fits,
+                "prism_candidate_head: PRISM_CANDIDATE_HEAD_KERNEL=row needs D <= " +
+                    std::to_string(kMaxStagedHidden) + "; got D = " + std::to_string(d));
+  *row = name == "row" || (name.empty() && fits);
+  return ffi::Error::Success();
+}
+
 ffi::Error CandidateHeadCuda(cudaStream_t stream, ffi::AnyBuffer hidden, ffi::AnyBuffer emb,
                              ffi::BufferR2<ffi::S32> ids, ffi::BufferR1<ffi::S32> counts,
                              ffi::Result<ffi::BufferR2<ffi::F32>> logits,
@@ -229,10 +354,19 @@ ffi::Error CandidateHeadCuda(cudaStream_t stream, ffi::AnyBuffer hidden, ffi::An
   if (r == 0 || c == 0) return ffi::Error::Success();
   const int64_t blocks = CeilDiv(r * c, kLogitWarps);
   PRISM_REQUIRE(blocks <= 0x7fffffff, "prism_candidate_head: R * C too large for one grid");
+  bool row_kernel = false;
+  if (auto e = UseRowKernel(r, c, d, &row_kernel); e.failure()) return e;
   auto launch = [&](auto* h, auto* e) {
-    CandidateLogitsKernel<<<static_cast<unsigned>(blocks), kLogitWarps * kWarpSize, 0, stream>>>(
-        h, e, ids.typed_data(), counts.typed_data(), r * c, c, v, d, softcap,
-        logits->typed_data());
+    if (row_kernel) {
+      const size_t smem = static_cast<size_t>(CeilDiv(d, kVec) * kVec) * sizeof(float);
+      CandidateRowLogitsKernel<<<static_cast<unsigned>(r), kRowLogitWarps * kWarpSize, smem,
+                                 stream>>>(h, e, ids.typed_data(), counts.typed_data(), c, v, d,
+                                           softcap, logits->typed_data());
+    } else {
+      CandidateLogitsKernel<<<static_cast<unsigned>(blocks), kLogitWarps * kWarpSize, 0,
+                              stream>>>(h, e, ids.typed_data(), counts.typed_data(), r * c, c,
+                                        v, d, softcap, logits->typed_data());
+    }
     return LaunchStatus(op);
   };
   if (auto e = DispatchHiddenEmbedding(hidden, emb, launch); e.failure()) return e;

@@ -98,3 +98,36 @@ def test_cuda_matches_cpu(gpu, rng):
     lse_gpu = run_on(gpu, ops.vocab_logsumexp, hidden, emb)
     lse_cpu = run_on(cpu, ops.vocab_logsumexp, hidden, emb)
     np.testing.assert_allclose(lse_gpu, lse_cpu, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("c", [1, 7, 16, 19])
+@pytest.mark.parametrize("dtypes", [(jnp.bfloat16, jnp.bfloat16), (jnp.float32, jnp.bfloat16),
+                                    (jnp.float32, jnp.float32)])
+def test_row_and_warp_kernels_match_cpu_bitwise(gpu, rng, monkeypatch, c, dtypes):
+    """The row kernel (staged hidden row, two candidates a warp) and the warp kernel give the
+    CPU's logits bit for bit, with padding, a bad id and a bad count among the rows."""
+    r, d, v = 37, 1000, 3000
+    hidden, emb, ids, counts = inputs(rng, r, c, d, v)
+    hidden = np.asarray(jnp.asarray(hidden).astype(dtypes[0]))
+    emb = np.asarray(jnp.asarray(emb).astype(dtypes[1]))
+    ids[3, 0] = v + 5  # a bad id: NaN
+    counts[4] = 0  # a bad count: the whole row NaN
+    cpu = jax.devices("cpu")[0]
+    want, _ = run_on(cpu, ops.candidate_head, hidden, emb, ids, counts, softcap=30.0)
+    for kernel in ("", "row", "warp"):
+        monkeypatch.setenv("PRISM_CANDIDATE_HEAD_KERNEL", kernel)
+        got, _ = run_on(gpu, ops.candidate_head, hidden, emb, ids, counts, softcap=0.0)
+        plain, _ = run_on(cpu, ops.candidate_head, hidden, emb, ids, counts, softcap=0.0)
+        assert_bitwise_equal(got, plain, f"logits, kernel {kernel!r} vs CPU")
+        capped, _ = run_on(gpu, ops.candidate_head, hidden, emb, ids, counts, softcap=30.0)
+        valid = np.isfinite(want)
+        np.testing.assert_allclose(capped[valid], want[valid], rtol=1e-6, atol=1e-6)
+        assert np.array_equal(np.isnan(capped), np.isnan(want)), kernel
+    monkeypatch.delenv("PRISM_CANDIDATE_HEAD_KERNEL")
+
+
+def test_unknown_head_kernel_name_is_an_error(gpu, rng, monkeypatch):
+    hidden, emb, ids, counts = inputs(rng, 2, 3, 64, 100)
+    monkeypatch.setenv("PRISM_CANDIDATE_HEAD_KERNEL", "rows")
+    with pytest.raises(Exception, match="PRISM_CANDIDATE_HEAD_KERNEL"):
+        run_on(gpu, ops.candidate_head, hidden, emb, ids, counts)
