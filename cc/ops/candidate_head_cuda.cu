@@ -14,6 +14,7 @@
 #include "cc/common.h"
 #include "cc/cuda_common.cuh"
 #include "cc/numerics.h"
+#include "cc/reg_chunk.cuh"
 
 namespace prism {
 namespace {
@@ -68,74 +69,54 @@ __global__ void __launch_bounds__(kLogitWarps * kWarpSize)
 }
 
 // The row kernel (the default): one block per readout row, the row's hidden vector staged once
-// in shared memory as f32 (exact for bf16), its warps taking two candidates at a time. The warp
-// kernel above reads the hidden row again from L2 for every candidate: at R = 2048, C = 16,
-// D = 5376 that is 704 MB of L2 reads beside 352 MB of embedding rows, and it ran at 66 % of
-// the copy bandwidth (results/ops_h200_session9/). Each logit is the same canonical chain of
-// the same products (WarpCanonicalSum's order: kSumUnroll chunks per step, the lane's partial
-// in increasing d, then the butterfly), so both kernels give the same bits.
-constexpr int kRowLogitWarps = 8;
+// in shared memory as f32 (exact for bf16), a warp per candidate with kRowUnroll embedding
+// chunks in flight per lane. The warp kernel above reads the hidden row again for every
+// candidate (from L2) and keeps kSumUnroll = 4 chunks in flight: at R = 2048, C = 16,
+// D = 5376 it ran at 66 % of the copy bandwidth (results/ops_h200_session9/). Each logit is
+// the same canonical chain of the same products (the lane's partial over its chunks in
+// increasing d, then the butterfly: WarpCanonicalSum's order), so both kernels give the same
+// bits.
+constexpr int kRowLogitWarps = 16;
+constexpr int kRowUnroll = 8;
 constexpr int64_t kMaxStagedHidden = 12288;  // f32 of the staged row, within 48 KiB
 
-// Whether candidate c of a row with n candidates gets a dot; its value otherwise (NaN for a bad
-// row or id, -inf for padding), as CandidateLogitsKernel decides.
-__device__ __forceinline__ bool CandidateWanted(int32_t n, int64_t c, int64_t c_count,
-                                                int32_t id, int64_t v, float* out) {
-  if (n < 1 || n > c_count || (c < n && (id < 0 || id >= v))) {
-    *out = QuietNaN();
-    return false;
-  }
-  if (c >= n) {
-    *out = NegInf();
-    return false;
-  }
-  return true;
-}
-
-// The canonical dots of the staged row hs with embedding rows ea and (when two) eb, their
-// chunks' loads in flight together. Returns the butterflied sums (b: 0 when !two).
-template <typename E>
-__device__ __forceinline__ void PairDot(const float* hs, const E* ea, const E* eb, bool two,
-                                        int64_t d, int lane, float* a_out, float* b_out) {
-  float acc_a = 0.0f, acc_b = 0.0f;
+// Softcap(canonical dot(hs, e)) by one whole warp, hs the staged row in shared memory. kFull:
+// D % kVec == 0 and e 16-byte aligned, so every present chunk is one unconditional vector load
+// (no alignment test whose join would hold each load's result before the next is issued).
+template <bool kFull, typename E>
+__device__ __forceinline__ float StagedLogit(const float* hs, const E* e, int64_t d, int lane,
+                                            float softcap) {
+  constexpr int kUnroll = sizeof(E) == 2 ? kRowUnroll : kRowUnroll / 2;  // f32: 8 registers a chunk
+  float acc = 0.0f;
   for (int64_t base = static_cast<int64_t>(lane) * kVec; base < d;
-       base += kSumUnroll * kStride) {
-    float ta[kSumUnroll][kVec], tb[kSumUnroll][kVec] = {};
-    int cnt[kSumUnroll];
+       base += kUnroll * kStride) {
+    RegChunk<E> t[kUnroll];  // bf16 packed until used: 8 chunks fit 64 registers
+    int cnt[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kSumUnroll; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {  // every chunk's load issued before any is used
       const int64_t d0 = base + u * kStride;
       cnt[u] = d0 < d ? ChunkCount(d0, d) : 0;
-      if (cnt[u] > 0) LoadChunk(ea + d0, cnt[u], ta[u]);
-      if (two && cnt[u] > 0) LoadChunk(eb + d0, cnt[u], tb[u]);
+      if (kFull && cnt[u] > 0) t[u].LoadFull(e + d0);
+      if (!kFull && cnt[u] > 0) t[u].Load(e + d0, cnt[u]);
     }
 #pragma unroll
-    for (int u = 0; u < kSumUnroll; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       if (cnt[u] == 0) continue;
       float hv[kVec];
       LoadChunk(hs + base + u * kStride, cnt[u], hv);
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
-        ta[u][i] = __fmul_rn(hv[i], ta[u][i]);
-        tb[u][i] = __fmul_rn(hv[i], tb[u][i]);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kSumUnroll; ++u) {
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        if (i < cnt[u]) acc_a = __fadd_rn(acc_a, ta[u][i]);
-        if (two && i < cnt[u]) acc_b = __fadd_rn(acc_b, tb[u][i]);
+        if (i < cnt[u]) acc = __fadd_rn(acc, __fmul_rn(hv[i], t[u].Get(i)));
       }
     }
   }
-  *a_out = WarpButterflySum(acc_a);
-  *b_out = WarpButterflySum(two ? acc_b : 0.0f);
+  return Softcap(WarpButterflySum(acc), softcap);
 }
 
-// Block r: logits[r, c] for every c, warp w taking candidates 2w, 2w + 1, then 2w + 16, ...
-template <typename H, typename E>
-__global__ void __launch_bounds__(kRowLogitWarps * kWarpSize)
+// Block r: logits[r, c] for every c, warp w taking candidates w, w + kRowLogitWarps, ...
+// NaN for a bad row or id, -inf for padding (as CandidateLogitsKernel).
+template <bool kFull, typename H, typename E>
+__global__ void __launch_bounds__(kRowLogitWarps * kWarpSize, 2)
     CandidateRowLogitsKernel(const H* __restrict__ hidden, const E* __restrict__ emb,
                              const int32_t* __restrict__ ids, const int32_t* __restrict__ counts,
                              int64_t c_count, int64_t v, int64_t d, float softcap,
@@ -154,22 +135,17 @@ __global__ void __launch_bounds__(kRowLogitWarps * kWarpSize)
   const int warp = static_cast<int>(threadIdx.x / kWarpSize);
   const int lane = static_cast<int>(threadIdx.x % kWarpSize);
   const int32_t n = counts[r];
-  for (int64_t c = 2 * warp; c < c_count; c += 2 * kRowLogitWarps) {
-    const bool has_b = c + 1 < c_count;
-    const int32_t id_a = ids[r * c_count + c], id_b = has_b ? ids[r * c_count + c + 1] : 0;
-    float out_a = 0.0f, out_b = 0.0f;
-    const bool want_a = CandidateWanted(n, c, c_count, id_a, v, &out_a);
-    const bool want_b = has_b && CandidateWanted(n, c + 1, c_count, id_b, v, &out_b);
-    if (want_a || want_b) {  // uniform per warp; an unwanted a still runs, discarded
-      const E* ea = emb + static_cast<int64_t>(want_a ? id_a : id_b) * d;
-      const E* eb = emb + static_cast<int64_t>(want_b ? id_b : 0) * d;
-      float dot_a = 0.0f, dot_b = 0.0f;
-      PairDot(hs, ea, eb, want_a && want_b, d, lane, &dot_a, &dot_b);
-      if (want_a) out_a = Softcap(dot_a, softcap);
-      if (want_b) out_b = Softcap(want_a ? dot_b : dot_a, softcap);
+  for (int64_t c = warp; c < c_count; c += kRowLogitWarps) {
+    const int32_t id = ids[r * c_count + c];
+    float out;
+    if (n < 1 || n > c_count || (c < n && (id < 0 || id >= v))) {
+      out = QuietNaN();
+    } else if (c >= n) {
+      out = NegInf();
+    } else {
+      out = StagedLogit<kFull>(hs, emb + static_cast<int64_t>(id) * d, d, lane, softcap);
     }
-    if (lane == 0) logits[r * c_count + c] = out_a;
-    if (lane == 0 && has_b) logits[r * c_count + c + 1] = out_b;
+    if (lane == 0) logits[r * c_count + c] = out;
   }
 }
 
@@ -324,6 +300,22 @@ ffi::Error DispatchHiddenEmbedding(const ffi::AnyBuffer& hidden, const ffi::AnyB
   return fn(hidden.reinterpret_data<uint16_t>(), emb.reinterpret_data<uint16_t>());
 }
 
+// CandidateRowLogitsKernel over r rows (kFull where every chunk is whole and aligned).
+template <typename H, typename E>
+void LaunchRowLogits(cudaStream_t stream, const H* h, const E* e, const int32_t* ids,
+                     const int32_t* counts, int64_t r, int64_t c, int64_t v, int64_t d,
+                     float softcap, float* logits) {
+  const size_t smem = static_cast<size_t>(CeilDiv(d, kVec) * kVec) * sizeof(float);
+  const unsigned grid = static_cast<unsigned>(r), threads = kRowLogitWarps * kWarpSize;
+  if (d % kVec == 0 && (reinterpret_cast<uintptr_t>(e) & 15u) == 0) {
+    CandidateRowLogitsKernel<true, H, E><<<grid, threads, smem, stream>>>(
+        h, e, ids, counts, c, v, d, softcap, logits);
+  } else {
+    CandidateRowLogitsKernel<false, H, E><<<grid, threads, smem, stream>>>(
+        h, e, ids, counts, c, v, d, softcap, logits);
+  }
+}
+
 // PRISM_CANDIDATE_HEAD_KERNEL (tests compare the two bitwise): unset or empty takes the row
 // kernel wherever its staged row fits (D <= kMaxStagedHidden, R < 2^31) and the warp kernel
 // otherwise; "row" or "warp" force one ("row" where it cannot run is an error, not a silent
@@ -358,10 +350,8 @@ ffi::Error CandidateHeadCuda(cudaStream_t stream, ffi::AnyBuffer hidden, ffi::An
   if (auto e = UseRowKernel(r, c, d, &row_kernel); e.failure()) return e;
   auto launch = [&](auto* h, auto* e) {
     if (row_kernel) {
-      const size_t smem = static_cast<size_t>(CeilDiv(d, kVec) * kVec) * sizeof(float);
-      CandidateRowLogitsKernel<<<static_cast<unsigned>(r), kRowLogitWarps * kWarpSize, smem,
-                                 stream>>>(h, e, ids.typed_data(), counts.typed_data(), c, v, d,
-                                           softcap, logits->typed_data());
+      LaunchRowLogits(stream, h, e, ids.typed_data(), counts.typed_data(), r, c, v, d, softcap,
+                      logits->typed_data());
     } else {
       CandidateLogitsKernel<<<static_cast<unsigned>(blocks), kLogitWarps * kWarpSize, 0,
                               stream>>>(h, e, ids.typed_data(), counts.typed_data(), r * c, c,

@@ -29,6 +29,11 @@ namespace prism {
 
 constexpr int kGluMaxThreads = 1024;
 constexpr int64_t kGluMaxCachedBytes = 200 << 10;  // under the H200's 227 KB per block
+// Each row source names the blocks of kGluMaxThreads an SM must hold (__launch_bounds__): 2 for
+// the pair and plain rows, at most 32 registers a thread. Without the bound the kernel took 41,
+// so one 1024-thread block filled an SM's registers and the 27B's F = 21504 rows (86 KB of
+// shared memory each, two fit) ran one row per SM (Nsight Compute, results/ops_h200_session15/).
+// SumRows keeps 1: at 32 registers its three loads a chunk spill ~0.5 KB a thread.
 
 // v = Activate(gate) * up for the chunk at i0 (cnt valid elements).
 template <typename T>
@@ -44,6 +49,7 @@ __device__ __forceinline__ void GatedChunk(const T* gate, const T* up, Activatio
 // Row source of glu_quant(2): gate_up [M, 2F] of T, row r is gate then up.
 template <typename T>
 struct PairRows {
+  static constexpr int kBlocksPerSm = 2;
   const T* __restrict__ gate_up;
   int64_t m, f;
   __device__ __forceinline__ void Gated(int64_t r, Activation act, int64_t i0, int cnt,
@@ -57,6 +63,7 @@ struct PairRows {
 // projection's partial products (x1 W1, x2 W1, x1 W2) added in Int8Linear's order, each add
 // rounded; f32 only (the int8 GEMM's outputs).
 struct SumRows {
+  static constexpr int kBlocksPerSm = 1;
   const float* __restrict__ y2;   // [2M, 2F]
   const float* __restrict__ yw2;  // [M, 2F]
   int64_t m, f;
@@ -85,6 +92,7 @@ struct SumRows {
 
 // Row source of quantize_rows: the rows themselves, f32 [M, D] (f == D; act unused).
 struct PlainRows {
+  static constexpr int kBlocksPerSm = 2;
   const float* __restrict__ y;
   int64_t m, f;
   __device__ __forceinline__ void Gated(int64_t r, Activation, int64_t i0, int cnt,
@@ -151,7 +159,7 @@ __device__ __forceinline__ float ChunkMax(float m, const float (&v)[kVec], int c
 // The passes at the top of this file for row blockIdx.x; each thread only ever touches its
 // own chunks of the cache.
 template <typename Src, bool kTwo>
-__global__ void __launch_bounds__(kGluMaxThreads)
+__global__ void __launch_bounds__(kGluMaxThreads, Src::kBlocksPerSm)
     GluRowsKernel(Src src, GluOut out, Activation act, bool cached) {
   extern __shared__ float4 cache4[];  // [F] floats when cached (float4: 16-byte aligned)
   float* cache = reinterpret_cast<float*>(cache4);
@@ -254,6 +262,10 @@ ffi::Error GluRowsLaunch(cudaStream_t stream, const Src& src, const GluOut& out,
       return ffi::Error::Internal(op + ": shared memory for F = " + std::to_string(src.f) +
                                   ": " + cudaGetErrorString(e));
     }
+  }
+  if (cached) {  // the largest carveout: two 86 KB rows (F = 21504) share an SM
+    cudaFuncSetAttribute(GluRowsKernel<Src, kTwo>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                         cudaSharedmemCarveoutMaxShared);
   }
   const int threads = cached ? CachedRowThreads(src.m, src.f) : RowBlockThreads(src.m, src.f);
   GluRowsKernel<Src, kTwo>

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "cc/cuda_common.cuh"
@@ -27,8 +28,6 @@
 #include "cc/ops/norm_split_rows.cuh"
 
 namespace prism {
-
-constexpr int kPipeStages = 3;  // row slots a block: the row it reduces and two on their way
 
 // 16 bytes global -> shared by cp.async (sm_80+; .cg: through L2 only, the row is read once).
 __device__ __forceinline__ void PipeCopy16(void* dst, const void* src) {
@@ -79,12 +78,39 @@ __device__ __forceinline__ void PipeLoadSlice(const RegSlice<T, kChunks, true>& 
   }
 }
 
-// kRes: add_rmsnorm(_quant)'s residual, staged beside x (each slot holds two rows).
-template <typename T, int kChunks, bool kRes>
+// w = weight_offset + gamma for the thread's present chunks into w_staged (its own chunks'
+// places), once per block: each row's passes then read w from shared memory instead of gamma
+// from L1 or L2 twice a row. Returns the arguments the passes take: gamma pointing at w_staged
+// and weight_offset -0, which LoadWeightsOf adds back exactly (-0 + w == w for every w,
+// signed zeros and NaN included). Followed by a barrier: absent chunks of a kFull slice read
+// the row's first chunk, another thread's.
+template <typename T, int kChunks>
+__device__ __forceinline__ NormArgs<T> PipeStageWeights(const RegSlice<T, kChunks, true>& s,
+                                                        const NormArgs<T>& a, float* w_staged) {
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    if (s.cnt[j] == 0) continue;
+    float w[kVec];
+    LoadVec(a.gamma + s.at[j], w);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) w[i] = __fadd_rn(a.weight_offset, w[i]);
+    StoreVec(w_staged + s.at[j], w);
+  }
+  __syncthreads();
+  NormArgs<T> staged = a;
+  staged.gamma = w_staged;
+  staged.weight_offset = -0.0f;
+  return staged;
+}
+
+// kRes: add_rmsnorm(_quant)'s residual, staged beside x (each slot holds two rows). Shared
+// memory: w (D floats), then kStages slots.
+template <typename T, int kChunks, bool kRes, int kStages>
 __global__ void __launch_bounds__(kMaxSplit * kWarpSize, kLeanBlocks)
     NormPipeRowsKernel(NormArgs<T> a, int64_t m) {
-  extern __shared__ float4 pipe_smem[];  // kPipeStages slots of (kRes ? 2 : 1) rows of T
-  T* ring = reinterpret_cast<T*>(pipe_smem);
+  extern __shared__ float4 pipe_smem[];
+  float* w_staged = reinterpret_cast<float*>(pipe_smem);
+  T* ring = reinterpret_cast<T*>(w_staged + a.d);  // D % kVec == 0: 32-byte aligned
   const int64_t slot_elems = (kRes ? 2 : 1) * a.d;
   const int warps = static_cast<int>(blockDim.x / kWarpSize);
   const int warp = static_cast<int>(threadIdx.x / kWarpSize);
@@ -94,14 +120,15 @@ __global__ void __launch_bounds__(kMaxSplit * kWarpSize, kLeanBlocks)
   s.Locate(a.d, lane, warp * chunks / warps, (warp + 1) * chunks / warps);
   const int64_t step = gridDim.x;
 #pragma unroll
-  for (int k = 0; k + 1 < kPipeStages; ++k) {
+  for (int k = 0; k + 1 < kStages; ++k) {
     PipePrefetch<T, kChunks, kRes>(s, a, blockIdx.x + k * step, m, ring + k * slot_elems);
   }
+  const NormArgs<T> aw = PipeStageWeights(s, a, w_staged);
   int slot = 0;
   for (int64_t r = blockIdx.x; r < m; r += step) {
-    const int ahead = (slot + kPipeStages - 1) % kPipeStages;  // consumed last iteration
-    PipePrefetch<T, kChunks, kRes>(s, a, r + (kPipeStages - 1) * step, m, ring + ahead * slot_elems);
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPipeStages - 1) : "memory");  // row r is in
+    const int ahead = (slot + kStages - 1) % kStages;  // consumed last iteration
+    PipePrefetch<T, kChunks, kRes>(s, a, r + (kStages - 1) * step, m, ring + ahead * slot_elems);
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 1) : "memory");  // row r is in
     const T* staged = ring + slot * slot_elems;
     const int64_t off = r * a.d;
     PipeLoadSlice(s, staged, s.h);
@@ -110,18 +137,18 @@ __global__ void __launch_bounds__(kMaxSplit * kWarpSize, kLeanBlocks)
       PipeLoadSlice(s, staged + a.d, rv);
       s.AddResidual(a, off, rv);
     }
-    slot = (slot + 1) % kPipeStages;
+    slot = (slot + 1) % kStages;
     const float inv = ChainedInverseRms(s, a, warp, warps, lane);
-    const float amax = s.YAmax(a, inv, a.y != nullptr ? a.y + off : nullptr);
+    const float amax = s.YAmax(aw, inv, a.y != nullptr ? a.y + off : nullptr);
     if (a.q == nullptr) continue;  // uniform over the grid
     const float row_max = SplitRowMax(amax, warp, warps);
     const float qinv = QuantInverse(row_max), scale = QuantScale(row_max);
-    s.CodesFromH(a, inv, a.q + off, qinv);
+    s.CodesFromH(aw, inv, a.q + off, qinv);
     if (threadIdx.x == 0) a.s[r] = scale;
     if (a.q2 == nullptr) continue;  // uniform over the grid
     __syncthreads();  // every warp has read the warp maxima SplitRowMax reuses below
-    const float rmax = SplitRowMax(s.RemainderMax(a, inv, qinv, scale), warp, warps);
-    s.RemainderCodes(a, inv, qinv, scale, a.q2 + off, QuantInverse(rmax));
+    const float rmax = SplitRowMax(s.RemainderMax(aw, inv, qinv, scale), warp, warps);
+    s.RemainderCodes(aw, inv, qinv, scale, a.q2 + off, QuantInverse(rmax));
     if (threadIdx.x == 0) a.s2[r] = QuantScale(rmax);
   }
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // the empty groups past the last row
@@ -134,11 +161,18 @@ bool PipeRowsFit(const NormArgs<T>& a) {
   return FullChunks(a) && a.x_gamma == nullptr;
 }
 
-template <typename T, int kChunks, bool kRes>
+// PRISM_RMSNORM_PIPE_STAGES (benchmarks): the ring's row slots, 2 (default) or 3.
+inline int PipeStages() {
+  const char* env = std::getenv("PRISM_RMSNORM_PIPE_STAGES");
+  return env != nullptr && std::string(env) == "3" ? 3 : 2;
+}
+
+template <typename T, int kChunks, bool kRes, int kStages>
 ffi::Error LaunchPipeRows(cudaStream_t stream, int64_t m, int warps, const NormArgs<T>& a) {
-  auto* kernel = NormPipeRowsKernel<T, kChunks, kRes>;
+  auto* kernel = NormPipeRowsKernel<T, kChunks, kRes, kStages>;
   const int threads = warps * kWarpSize;
-  const size_t smem = static_cast<size_t>(kPipeStages) * (kRes ? 2 : 1) * a.d * sizeof(T);
+  const size_t smem = static_cast<size_t>(a.d) * sizeof(float) +
+                      static_cast<size_t>(kStages) * (kRes ? 2 : 1) * a.d * sizeof(T);
   if (smem > 48 * 1024) {  // above the default cap: opt in (not a stream operation)
     const cudaError_t e = cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
@@ -156,6 +190,12 @@ ffi::Error LaunchPipeRows(cudaStream_t stream, int64_t m, int warps, const NormA
   const unsigned grid = static_cast<unsigned>(std::min(m, resident));
   kernel<<<grid, threads, smem, stream>>>(a, m);
   return ffi::Error::Success();
+}
+
+template <typename T, int kChunks, bool kRes>
+ffi::Error LaunchPipeRows(cudaStream_t stream, int64_t m, int warps, const NormArgs<T>& a) {
+  if (PipeStages() == 3) return LaunchPipeRows<T, kChunks, kRes, 3>(stream, m, warps, a);
+  return LaunchPipeRows<T, kChunks, kRes, 2>(stream, m, warps, a);
 }
 
 // The smallest instantiated chunk count holding each warp's share (as LaunchSplitRowsFor).

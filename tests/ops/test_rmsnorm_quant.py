@@ -240,12 +240,15 @@ def test_split_register_kernels_match_one_warp_block_and_cpu_bitwise(
         monkeypatch.delenv("PRISM_RMSNORM_KERNEL")
 
 
+@pytest.mark.parametrize("stages", ["2", "3"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", [5376, 1000])
-def test_pipelined_kernel_many_rows_per_block_bitwise(gpu, rng, monkeypatch, dtype, d):
+def test_pipelined_kernel_many_rows_per_block_bitwise(gpu, rng, monkeypatch, dtype, d, stages):
     """2,900 rows: each persistent block of the pipelined kernel takes several rows, so its
-    ring of staged rows wraps around; every op (with and without a residual) against the CPU."""
+    ring of staged rows (2 or 3 slots) wraps around; every op (with and without a residual)
+    against the CPU."""
     m = 2900
+    monkeypatch.setenv("PRISM_RMSNORM_PIPE_STAGES", stages)
     x, res = hard_rows(rng, m, d, dtype), hard_rows(rng, m, d, dtype)
     gamma = rng.normal(0, 0.5, d).astype(np.float32)
     cpu = jax.devices("cpu")[0]
