@@ -8,8 +8,7 @@
 // NormArgs::q2 / s2, from the same registers or staged row.
 // Rows of D <= kMaxRegChunks * kStride (5376 included) are held in registers: one warp per row
 // (NormRegRowsKernel, norm_reg_rows.cuh) or W warps per row (NormSplitRowsKernel,
-// norm_split_rows.cuh), W chosen by M and D (SplitWarps); many rows without a residual take
-// the split kernel's persistent pipelined form (NormPipeRowsKernel, norm_pipe_rows.cuh). Longer rows (or
+// norm_split_rows.cuh), W chosen by M and D (SplitWarps). Longer rows (or
 // PRISM_RMSNORM_KERNEL=block) take NormRowsKernel, one block per row (width: RowBlockThreads):
 // the block stages the row's h in shared memory (f32, D <= kMaxStagedD); warp 0 then takes the
 // sum of squares in the canonical order (the only order-sensitive step) from shared memory; the
@@ -27,7 +26,6 @@
 #include "cc/ops/norm_args.cuh"
 #include "cc/ops/norm_digits.h"
 #include "cc/ops/norm_launch.cuh"
-#include "cc/ops/norm_pipe_rows.cuh"
 #include "cc/ops/norm_reg_rows.cuh"
 #include "cc/ops/norm_split_rows.cuh"
 
@@ -218,16 +216,10 @@ ffi::Error LaunchNorm(cudaStream_t stream, int64_t m, const NormArgs<T>& a, cons
   if (auto e = ForcedNormKernel(&forced); e.failure()) return e;
   const unsigned grid = static_cast<unsigned>(m);
   if (a.d <= kStride || (a.d <= kMaxRegChunks * kStride && forced != -1)) {
-    const bool pipe_forced = forced > kForcePipe;
     const bool lean = forced > kForceLean || (forced == 0 && m >= kLeanRows);
     const int warps = forced > 0 ? forced % kForceLean : SplitWarps(m, a.d, lean);
-    // The pipelined form by default for many rows without a residual; forced for any.
-    const bool pipe = (pipe_forced || (forced == 0 && lean && a.residual == nullptr)) &&
-                      PipeRowsFit(a);
     if (warps == 1) {
       LaunchRegRowsFor(stream, m, a);
-    } else if (pipe) {  // as below: <= kMaxSplitChunks per warp
-      if (auto e = LaunchPipeRowsFor(stream, m, warps, a); e.failure()) return e;
     } else {  // d <= 21 chunks per lane over >= 2 warps: <= kMaxSplitChunks per warp
       LaunchSplitRowsFor(stream, m, warps, lean, a);
     }

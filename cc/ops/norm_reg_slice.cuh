@@ -219,25 +219,6 @@ struct RegSlice {
     }
   }
 
-  // h = h + rv rounded to T (as LoadH), written to a.h (also the
-  // pipelined kernel's, norm_pipe_rows.cuh, from its staged residual).
-  __device__ __forceinline__ void AddResidual(const NormArgs<T>& a, int64_t off,
-                                              const RegChunk<T> (&rv)[kChunks]) {
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) h[j].SetRounded(i, __fadd_rn(h[j].Get(i), rv[j].Get(i)));
-    }
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      float v[kVec];
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) v[i] = h[j].Get(i);
-      if (cnt[j] > 0) StoreSliceChunk<kFull>(a.h + off + at[j], cnt[j], v);
-    }
-  }
-
-
  private:
   __device__ __forceinline__ void YOf(const NormArgs<T>& a, int j, float inv,
                                       float (&y)[kVec]) const {
@@ -257,6 +238,23 @@ struct RegSlice {
     }
 #pragma unroll
     for (int i = 0; i < kVec; ++i) w[i] = __fadd_rn(offset, g[i]);
+  }
+
+  // h = h + rv rounded to T (as LoadH), written to a.h.
+  __device__ __forceinline__ void AddResidual(const NormArgs<T>& a, int64_t off,
+                                              const RegChunk<T> (&rv)[kChunks]) {
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) h[j].SetRounded(i, __fadd_rn(h[j].Get(i), rv[j].Get(i)));
+    }
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      float v[kVec];
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) v[i] = h[j].Get(i);
+      if (cnt[j] > 0) StoreSliceChunk<kFull>(a.h + off + at[j], cnt[j], v);
+    }
   }
 
   // Every present chunk of src's row into dst; absent ones +0 (kFull: the row's first chunk).
