@@ -28,7 +28,6 @@
 #include "cc/ops/norm_launch.cuh"
 #include "cc/ops/norm_reg_rows.cuh"
 #include "cc/ops/norm_split_rows.cuh"
-#include "cc/ops/norm_warp_staged.cuh"
 
 namespace prism {
 namespace {
@@ -216,11 +215,6 @@ ffi::Error LaunchNorm(cudaStream_t stream, int64_t m, const NormArgs<T>& a, cons
   int forced = 0;
   if (auto e = ForcedNormKernel(&forced); e.failure()) return e;
   const unsigned grid = static_cast<unsigned>(m);
-  if (forced == kForceStaged && WarpStagedFits(a) && a.d <= kMaxRegChunks * kStride) {
-    if (auto e = LaunchWarpStaged(stream, m, a); e.failure()) return e;
-    return LaunchStatus(op);
-  }
-  if (forced == kForceStaged) forced = 0;  // rows it does not take: the choice by shape
   if (a.d <= kStride || (a.d <= kMaxRegChunks * kStride && forced != -1)) {
     const bool lean = forced > kForceLean || (forced == 0 && m >= kLeanRows);
     const int warps = forced > 0 ? forced % kForceLean : SplitWarps(m, a.d, lean);
