@@ -19,13 +19,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
-#include <type_traits>
 
 #include "cc/common.h"
 #include "cc/cuda_common.cuh"
 #include "cc/numerics.h"
 #include "cc/ops/glu_quant.h"
-#include "cc/reg_chunk.cuh"
 
 namespace prism {
 
@@ -159,56 +157,9 @@ __device__ __forceinline__ float ChunkMax(float m, const float (&v)[kVec], int c
   return m;
 }
 
-// Pass 1 of cached f32 pair rows of whole, 16-byte-aligned chunks (kAsyncGate): the thread's
-// gate chunks go straight into its places of the cache by cp.async (no registers), then its up
-// chunks are loaded kGroup at a time (3: all of a 27B row's), so a row's loads are in flight at once; with
-// gate and up both through registers (32 of them a thread, for two blocks an SM) a thread had
-// two chunks in flight and its third waited a round trip. Then a = Activate(gate) * up as
-// GatedChunk, written over the gate in the cache. Returns the thread's amax.
-__device__ __forceinline__ void GluCopy16(float* dst, const float* src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-}
-
-template <int kGroup>
-__device__ __forceinline__ float AsyncGatePass(const PairRows<float>& src, int64_t r,
-                                               Activation act, int64_t first, int64_t stride,
-                                               float* cache) {
-  const float* gate = src.gate_up + r * 2 * src.f;
-  const float* up = gate + src.f;
-  const int64_t end = src.f;
-  for (int64_t i0 = first; i0 < end; i0 += stride) {
-    GluCopy16(cache + i0, gate + i0);
-    GluCopy16(cache + i0 + 4, gate + i0 + 4);
-  }
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-  float amax = 0.0f;
-  for (int64_t i0 = first; i0 < end; i0 += kGroup * stride) {
-    float u[kGroup][kVec];
-#pragma unroll
-    for (int k = 0; k < kGroup; ++k) {  // unconditional: past the row, the thread's first
-      const int64_t j0 = i0 + k * stride;
-      LoadVec(up + (j0 < end ? j0 : first), u[k]);
-    }
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // the thread's own gate copies
-#pragma unroll
-    for (int k = 0; k < kGroup; ++k) {
-      const int64_t j0 = i0 + k * stride;
-      if (j0 >= end) break;
-      float v[kVec];
-      LoadCached(cache, j0, kVec, v);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) v[i] = __fmul_rn(Activate(act, v[i]), u[k][i]);
-      StoreCached(cache, j0, kVec, v);
-      amax = ChunkMax(amax, v, kVec);
-    }
-  }
-  return amax;
-}
-
 // The passes at the top of this file for row blockIdx.x; each thread only ever touches its
 // own chunks of the cache.
-template <typename Src, bool kTwo, int kAsyncGroup = 0>
+template <typename Src, bool kTwo>
 __global__ void __launch_bounds__(kGluMaxThreads, Src::kBlocksPerSm)
     GluRowsKernel(Src src, GluOut out, Activation act, bool cached) {
   extern __shared__ float4 cache4[];  // [F] floats when cached (float4: 16-byte aligned)
@@ -219,16 +170,12 @@ __global__ void __launch_bounds__(kGluMaxThreads, Src::kBlocksPerSm)
   float v[kVec];
   int8_t codes[kVec];
   float amax = 0.0f;
-  if constexpr (kAsyncGroup > 0) {  // f32 pair rows only (the launcher's choice)
-    amax = AsyncGatePass<kAsyncGroup>(src, r, act, first, stride, cache);
-  } else {
 #pragma unroll 2  // two chunks' loads in flight before either's activation
-    for (int64_t i0 = first; i0 < end; i0 += stride) {
-      const int cnt = ChunkCount(i0, end);
-      src.Gated(r, act, i0, cnt, v);
-      if (cached) StoreCached(cache, i0, cnt, v);
-      amax = ChunkMax(amax, v, cnt);
-    }
+  for (int64_t i0 = first; i0 < end; i0 += stride) {
+    const int cnt = ChunkCount(i0, end);
+    src.Gated(r, act, i0, cnt, v);
+    if (cached) StoreCached(cache, i0, cnt, v);
+    amax = ChunkMax(amax, v, cnt);
   }
   amax = BlockMax(amax, scratch1);
   const float inv = QuantInverse(amax), scale = QuantScale(amax);
@@ -281,18 +228,6 @@ inline ffi::Error GluCacheAllowed(const std::string& op, bool* allowed) {
   return ffi::Error::Success();
 }
 
-// PRISM_GLU_ASYNC=off keeps f32 pair rows on the register pass 1 (A/B timings, tests compare
-// the forms bitwise); unset or "on" takes AsyncGatePass with up chunks 3 at a time where it
-// fits, "g2" 2 at a time. Anything else is an error. *group: 0 (off), 2 or 3.
-inline ffi::Error GluAsyncGroup(const std::string& op, int* group) {
-  const char* env = std::getenv("PRISM_GLU_ASYNC");
-  const std::string v = env != nullptr ? env : "";
-  PRISM_REQUIRE(v.empty() || v == "on" || v == "off" || v == "g2",
-                op + ": PRISM_GLU_ASYNC must be unset, on, g2 or off; got " + v);
-  *group = v == "off" ? 0 : v == "g2" ? 2 : 3;
-  return ffi::Error::Success();
-}
-
 // Threads of a cached row's block. Few rows (latency-bound): one chunk per thread. Many rows:
 // as many threads as leave the SM's 2048 to the blocks its shared memory holds (227 KB over
 // F floats per row), at least 256, so the 27B's F = 21504 (two blocks per SM) keeps 1024
@@ -334,24 +269,8 @@ ffi::Error GluRowsLaunch(cudaStream_t stream, const Src& src, const GluOut& out,
                          cudaSharedmemCarveoutMaxShared);
   }
   const int threads = cached ? CachedRowThreads(src.m, src.f) : RowBlockThreads(src.m, src.f);
-  const unsigned grid = static_cast<unsigned>(src.m);
-  if constexpr (std::is_same_v<Src, PairRows<float>>) {
-    int group = 0;
-    if (auto e = GluAsyncGroup(op, &group); e.failure()) return e;
-    if (group > 0 && cached && src.f % kVec == 0 &&
-        (reinterpret_cast<uintptr_t>(src.gate_up) & 15u) == 0) {
-      auto* kernel = group == 2 ? GluRowsKernel<Src, kTwo, 2> : GluRowsKernel<Src, kTwo, 3>;
-      if (smem > 48 * 1024) {
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(smem));
-      }
-      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                           cudaSharedmemCarveoutMaxShared);
-      kernel<<<grid, threads, smem, stream>>>(src, out, act, cached);
-      return LaunchStatus(op.c_str());
-    }
-  }
-  GluRowsKernel<Src, kTwo><<<grid, threads, smem, stream>>>(src, out, act, cached);
+  GluRowsKernel<Src, kTwo>
+      <<<static_cast<unsigned>(src.m), threads, smem, stream>>>(src, out, act, cached);
   return LaunchStatus(op.c_str());
 }
 

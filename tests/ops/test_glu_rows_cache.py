@@ -54,29 +54,6 @@ def test_cached_rows_match_recomputed_rows_bitwise(gpu, rng, monkeypatch, m, f, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,f", [*SHAPES, (600, 21504)])  # 600: 1024-thread blocks, 2 an SM
-def test_async_gate_pass_matches_register_pass_bitwise(gpu, rng, monkeypatch, m, f):
-    """f32 pair rows: pass 1 with the gate copied into the cache by cp.async (up chunks 3 or 2
-    at a time: PRISM_GLU_ASYNC unset or g2) gives the register pass's bits (off), cached."""
-    for name, fn, args in glu_ops(rng, m, f, jnp.float32)[:2]:
-        outs = {}
-        for setting in ("", "g2", "off"):
-            monkeypatch.setenv("PRISM_GLU_ASYNC", setting)
-            outs[setting] = jax.tree.leaves(run_on(gpu, fn, *args))
-        monkeypatch.delenv("PRISM_GLU_ASYNC")
-        for setting in ("", "g2"):
-            for i, (a, b) in enumerate(zip(outs[setting], outs["off"], strict=True)):
-                assert_bitwise_equal(a, b, f"{name} output {i}: async {setting!r} vs off")
-
-
-@pytest.mark.gpu
-def test_unknown_async_setting_is_an_error(gpu, rng, monkeypatch):
-    monkeypatch.setenv("PRISM_GLU_ASYNC", "yes")
-    with pytest.raises(Exception, match="PRISM_GLU_ASYNC"):
-        run_on(gpu, lambda a: ops.glu_quant_pair(a, activation=ACT), rows(rng, (2, 2, 64)))
-
-
-@pytest.mark.gpu
 def test_rows_too_long_to_cache_match_the_cpu(gpu, rng):
     """F = 60,000 floats exceed the 200 KB cache: the recomputing path, against the CPU (scales
     to float32 rounding, codes within one step: CUDA's tanh is not libm's)."""
