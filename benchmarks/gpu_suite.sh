@@ -28,7 +28,7 @@
 #                                 after ATTN_TIMEOUT seconds (default 200)
 #   OPS_BENCH=1                   then run benchmarks/ops_bandwidth.py ($OUT/ops_bandwidth.jsonl,
 #                                 ops_bandwidth.md), extra arguments in OPS_ARGS (e.g.
-#                                 "--norm-kernels pipe"), interrupted after OPS_TIMEOUT seconds
+#                                 "--norm-kernels lean8"), interrupted after OPS_TIMEOUT seconds
 #                                 (default 150)
 #   HOST_PROFILE=1                then run benchmarks/host_profile.py (py-spy's native stacks of
 #                                 the forward call, untraced; $OUT/host_profile.md), probe

@@ -11,13 +11,13 @@ PY=${PY:-python3}
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
 [ -n "$NCU" ] || { echo "ncu not found" >&2; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD
-KERNELS=${NCU_KERNELS:-'regex:NormPipe|NormSplit|GluRows|CandidateRow|CandidateLogits'}
+KERNELS=${NCU_KERNELS:-'regex:NormSplit|NormRegRows|GluRows|CandidateRow|CandidateLogits'}
 timeout "${NCU_TIMEOUT:-200}" "$NCU" --clock-control none --section LaunchStats \
   --section Occupancy --section SpeedOfLight -k "$KERNELS" -f -o "$OUT/occupancy" \
   $PY benchmarks/occupancy_probe.py ${PROBE_ARGS:-} >"$OUT/occupancy_probe.log" 2>&1
 echo "ncu rc=$?"
 "$NCU" -i "$OUT/occupancy.ncu-rep" --page details --csv >"$OUT/occupancy.csv" 2>&1
 grep -E '"(Function Name|Shared Memory Configuration Size|Dynamic Shared Memory Per Block|Block Limit Shared Mem|Block Limit Registers|Theoretical Occupancy|Achieved Occupancy|Duration|Grid Size|Registers Per Thread|Memory Throughput)"' \
-  "$OUT/occupancy.csv" | awk -F'","' '{print $5 " | " $(NF-2) " | " $NF}' | tr -d '"' \
+  "$OUT/occupancy.csv" | awk -F'","' '{print $5 " | " $(NF-2) " | " $NF}' | tr -d '"' | sed 's/,$//' \
   >"$OUT/occupancy.txt"
 cat "$OUT/occupancy.txt"

@@ -16,7 +16,8 @@ OPS = {"rmsnorm_quant", "add_rmsnorm_quant", "rmsnorm", "add_rmsnorm", "quantize
 
 def test_smoke_run_covers_every_op_and_forced_variant(tmp_path):
     args = ["--smoke", "--out", str(tmp_path), "--ms", "4,8", "--rows", "4", "--runs", "2",
-            "--norm-kernels", "reg1", "--glu-caches", "off", "--device-time"]  # fmt: skip
+            "--norm-kernels", "reg1", "--glu-caches", "off", "--head-kernels", "warp",
+            "--device-time"]  # fmt: skip
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
@@ -28,6 +29,8 @@ def test_smoke_run_covers_every_op_and_forced_variant(tmp_path):
     assert forced == {(op, m) for m in (4, 8) for op in
                       ("rmsnorm_quant", "add_rmsnorm_quant", "glu_quant_pair",
                        "glu_quant2_pair", "glu_quant2_sum")}  # fmt: skip
+    heads = sorted(r["kernel"] for r in rows if r["op"] == "candidate_head")
+    assert heads == ["default", "warp"]  # --head-kernels: a row per forced head kernel
     d = 512  # --smoke's D
     norm = next(r for r in rows if r["op"] == "rmsnorm_quant" and r["kernel"] == "default")
     assert norm["bytes"] == norm["M"] * d * 4 + d * 4 + norm["M"] * d + norm["M"] * 4

@@ -101,8 +101,10 @@ def test_cuda_matches_cpu(gpu, rng):
 
 
 @pytest.mark.parametrize("c", [1, 7, 16, 19])
-@pytest.mark.parametrize("dtypes", [(jnp.bfloat16, jnp.bfloat16), (jnp.float32, jnp.bfloat16),
-                                    (jnp.float32, jnp.float32)])
+@pytest.mark.parametrize(
+    "dtypes",
+    [(jnp.bfloat16, jnp.bfloat16), (jnp.float32, jnp.bfloat16), (jnp.float32, jnp.float32)],
+)
 def test_row_and_warp_kernels_match_cpu_bitwise(gpu, rng, monkeypatch, c, dtypes):
     """The row kernel (staged hidden row, two candidates a warp) and the warp kernel give the
     CPU's logits bit for bit, with padding, a bad id and a bad count among the rows."""
