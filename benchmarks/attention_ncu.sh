@@ -7,11 +7,8 @@
 # extension into prism_jax/). Per-instruction view: ncu -i REPORT --page source --print-source
 # sass --csv > src.csv on the device, then benchmarks/ncu_regions.py src.csv anywhere.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-benchmarks/results}
-PY=${PY:-python3}
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
-[ -n "$NCU" ] || { echo "ncu not found" >&2; exit 1; }
+# shellcheck source=benchmarks/ncu_env.sh
+source "$(dirname "$0")/ncu_env.sh"  # cd to the root; OUT, PY, NCU
 # Split pass 1 by default: profiling MergeKernel after it stalled twice on the H200 (ncu backs up
 # the 512 MiB workspace and the pools for every replay pass) until the timeout killed the run.
 KERNELS=${NCU_KERNELS:-'regex:PartialKernel|BlockAttend|LaneAttend'}

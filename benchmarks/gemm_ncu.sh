@@ -6,11 +6,8 @@
 # (after gpu_suite.sh built or installed the extension into prism_jax/). Writes $OUT/gemm_ncu.md,
 # $OUT/gemm_ncu_raw.csv and $OUT/gemm_ncu_cases.json.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-benchmarks/results}
-PY=${PY:-python3}
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
-[ -n "$NCU" ] || { echo "ncu not found" >&2; exit 1; }
+# shellcheck source=benchmarks/ncu_env.sh
+source "$(dirname "$0")/ncu_env.sh"  # cd to the root; OUT, PY, NCU
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 metrics=gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size
 # shellcheck disable=SC2086 (GEMM_NCU_ARGS is a list of arguments)

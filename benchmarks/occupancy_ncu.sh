@@ -5,11 +5,8 @@
 # Run on the GPU machine after gpu_suite.sh installed the extension:
 #   OUT=... bash benchmarks/occupancy_ncu.sh      -> $OUT/occupancy.csv, $OUT/occupancy.txt
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-benchmarks/results}
-PY=${PY:-python3}
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
-[ -n "$NCU" ] || { echo "ncu not found" >&2; exit 1; }
+# shellcheck source=benchmarks/ncu_env.sh
+source "$(dirname "$0")/ncu_env.sh"  # cd to the root; OUT, PY, NCU
 export PYTHONPATH=/tmp/site:$PWD
 KERNELS=${NCU_KERNELS:-'regex:NormSplit|NormRegRows|GluRows|CandidateRow|CandidateLogits'}
 timeout "${NCU_TIMEOUT:-200}" "$NCU" --clock-control none --section LaunchStats \

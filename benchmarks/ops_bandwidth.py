@@ -73,14 +73,20 @@ def run_op(name, fn, make_inputs, in_bytes, out_bytes, emit, runs, **meta):
     del calls, inputs
 
 
+def force(var: str, setting: str) -> None:
+    """Sets the kernel-forcing environment variable var to setting ("default": unset). The
+    handlers read it at launch; each setting's calls are a fresh executable (run_op's tag)."""
+    os.environ.pop(var, None)
+    if setting != "default":
+        os.environ[var] = setting
+
+
 def norm_ops(m: int, dt, emit, runs, normal, kernels: list[str]) -> None:
     size = jnp.dtype(dt).itemsize
     gamma = jnp.ones((D,), jnp.float32)
     x_bytes, q_out = m * D * size, m * D + m * 4
     for kernel in ["default", *kernels]:
-        os.environ.pop("PRISM_RMSNORM_KERNEL", None)
-        if kernel != "default":
-            os.environ["PRISM_RMSNORM_KERNEL"] = kernel
+        force("PRISM_RMSNORM_KERNEL", kernel)
         meta = {"M": m, "D": D, "dtype": jnp.dtype(dt).name, "kernel": kernel}
         run_op("rmsnorm_quant", lambda x: ops.rmsnorm_quant(x, gamma, eps=1e-6),
                lambda i: (normal(i, (m, D), dt),), x_bytes + D * 4, q_out, emit, runs,
@@ -101,16 +107,14 @@ def norm_ops(m: int, dt, emit, runs, normal, kernels: list[str]) -> None:
                 run_op("quantize_digits", lambda y: ops.quantize_digits(y, digits=2),
                        lambda i: (normal(i, (m, D), dt),), x_bytes, 2 * q_out, emit, runs,
                        **meta)  # fmt: skip
-    os.environ.pop("PRISM_RMSNORM_KERNEL", None)
+    force("PRISM_RMSNORM_KERNEL", "default")
 
 
 def glu_ops(m: int, dt, emit, runs, normal, caches: list[str]) -> None:
     for cache in ["default", *caches]:
-        os.environ.pop("PRISM_GLU_CACHE", None)
-        if cache != "default":
-            os.environ["PRISM_GLU_CACHE"] = cache
+        force("PRISM_GLU_CACHE", cache)
         glu_op_set(m, dt, emit, runs, normal, cache)
-    os.environ.pop("PRISM_GLU_CACHE", None)
+    force("PRISM_GLU_CACHE", "default")
 
 
 def glu_op_set(m: int, dt, emit, runs, normal, cache: str) -> None:
@@ -139,13 +143,11 @@ def head_ops(rows: list[int], emit, runs, normal, key, kernels: list[str]) -> No
             return normal(i, (r, D), jnp.float32), ids, emb  # emb an argument, not a constant
 
         for kernel in ["default", *kernels]:
-            os.environ.pop("PRISM_CANDIDATE_HEAD_KERNEL", None)
-            if kernel != "default":
-                os.environ["PRISM_CANDIDATE_HEAD_KERNEL"] = kernel
+            force("PRISM_CANDIDATE_HEAD_KERNEL", kernel)
             run_op("candidate_head", lambda h, ids, e, c=counts: ops.candidate_head(h, e, ids, c),
                    inputs, r * D * 4 + r * C * (D * 2 + 4), r * C * 8, emit, runs, tag=kernel,
                    R=r, C=C, V=V, D=D, kernel=kernel)  # fmt: skip
-    os.environ.pop("PRISM_CANDIDATE_HEAD_KERNEL", None)
+    force("PRISM_CANDIDATE_HEAD_KERNEL", "default")
     run_op("vocab_logsumexp", lambda h, e: ops.vocab_logsumexp(h, e),
            lambda i: (normal(i, (1, D), jnp.float32), emb), V * D * 2 + D * 4, 4, emit, runs,
            R=1, V=V, D=D)  # fmt: skip

@@ -320,12 +320,12 @@ void LaunchRowLogits(cudaStream_t stream, const H* h, const E* e, const int32_t*
 // kernel wherever its staged row fits (D <= kMaxStagedHidden, R < 2^31) and the warp kernel
 // otherwise; "row" or "warp" force one ("row" where it cannot run is an error, not a silent
 // fallback); any other value is an error.
-ffi::Error UseRowKernel(int64_t r, int64_t c, int64_t d, bool* row) {
+ffi::Error UseRowKernel(int64_t r, int64_t d, bool* row) {
   const char* env = std::getenv("PRISM_CANDIDATE_HEAD_KERNEL");
   const std::string name = env != nullptr ? env : "";
   PRISM_REQUIRE(name.empty() || name == "row" || name == "warp",
                 "PRISM_CANDIDATE_HEAD_KERNEL must be unset, row or warp; got " + name);
-  const bool fits = d <= kMaxStagedHidden && r <= 0x7fffffff && c > 0;
+  const bool fits = d <= kMaxStagedHidden && r <= 0x7fffffff;
   PRISM_REQUIRE(name != "row" || fits,
                 "prism_candidate_head: PRISM_CANDIDATE_HEAD_KERNEL=row needs D <= " +
                     std::to_string(kMaxStagedHidden) + "; got D = " + std::to_string(d));
@@ -347,7 +347,7 @@ ffi::Error CandidateHeadCuda(cudaStream_t stream, ffi::AnyBuffer hidden, ffi::An
   const int64_t blocks = CeilDiv(r * c, kLogitWarps);
   PRISM_REQUIRE(blocks <= 0x7fffffff, "prism_candidate_head: R * C too large for one grid");
   bool row_kernel = false;
-  if (auto e = UseRowKernel(r, c, d, &row_kernel); e.failure()) return e;
+  if (auto e = UseRowKernel(r, d, &row_kernel); e.failure()) return e;
   auto launch = [&](auto* h, auto* e) {
     if (row_kernel) {
       LaunchRowLogits(stream, h, e, ids.typed_data(), counts.typed_data(), r, c, v, d, softcap,

@@ -31,10 +31,10 @@ constexpr int kGluMaxThreads = 1024;
 constexpr int64_t kGluMaxCachedBytes = 200 << 10;  // under the H200's 227 KB per block
 // Each row source below names kBlocksPerSm, the blocks of kGluMaxThreads an SM must hold
 // (GluRowsKernel's __launch_bounds__): 2 for the pair and plain rows, at most 32 registers a
-// thread. Without the bound the kernel took 41,
-// so one 1024-thread block filled an SM's registers and the 27B's F = 21504 rows (86 KB of
-// shared memory each, two fit) ran one row per SM (Nsight Compute, results/ops_h200_session15/).
-// SumRows keeps 1: at 32 registers its three loads a chunk spill ~0.5 KB a thread.
+// thread. Without the bound the kernel took 41, so one 1024-thread block filled an SM's
+// registers and the 27B's F = 21504 rows (86 KB of shared memory each, two fit) ran one row per
+// SM (Nsight Compute, results/ops_h200_session15/). SumRows keeps 1: at 32 registers its three
+// loads a chunk spill ~0.5 KB a thread.
 
 // v = Activate(gate) * up for the chunk at i0 (cnt valid elements).
 template <typename T>
@@ -264,9 +264,11 @@ ffi::Error GluRowsLaunch(cudaStream_t stream, const Src& src, const GluOut& out,
                                   ": " + cudaGetErrorString(e));
     }
   }
-  if (cached && Src::kBlocksPerSm > 1) {  // the largest carveout: two 86 KB rows share an SM
-    cudaFuncSetAttribute(GluRowsKernel<Src, kTwo>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                         cudaSharedmemCarveoutMaxShared);
+  if constexpr (Src::kBlocksPerSm > 1) {  // the largest carveout: two 86 KB rows share an SM
+    static const cudaError_t carved = cudaFuncSetAttribute(  // a hint, once per kernel
+        GluRowsKernel<Src, kTwo>, cudaFuncAttributePreferredSharedMemoryCarveout,
+        cudaSharedmemCarveoutMaxShared);
+    (void)carved;
   }
   const int threads = cached ? CachedRowThreads(src.m, src.f) : RowBlockThreads(src.m, src.f);
   GluRowsKernel<Src, kTwo>

@@ -16,15 +16,11 @@
 namespace prism {
 namespace block {
 
-// A block serves 32 (token, query head) pairs: kWarps warps of kPairsPerWarp pairs each. More
-// pairs per warp reuse each staged K/V chunk for more dots (fewer shared-memory loads per
-// multiply-add) at more registers a thread. PRISM_ATTN_PAIRS_PER_WARP (4 or 8) is a build knob
-// for A/B timings; every choice gives the same bits (a pair's arithmetic does not depend on it).
-#ifndef PRISM_ATTN_PAIRS_PER_WARP
-#define PRISM_ATTN_PAIRS_PER_WARP 4
-#endif
-constexpr int kPairsPerWarp = PRISM_ATTN_PAIRS_PER_WARP;
-static_assert(kPairsPerWarp == 4 || kPairsPerWarp == 8, "PRISM_ATTN_PAIRS_PER_WARP: 4 or 8");
+// A block serves 32 (token, query head) pairs: kWarps warps of kPairsPerWarp pairs each. Eight
+// pairs a warp (4 warps) reuse each staged K/V chunk for more dots, but ran attention 15-20 %
+// slower on the H200: the kernel is latency-bound and needs warps
+// (results/e2e_h200_session14/pairs_per_warp/).
+constexpr int kPairsPerWarp = 4;
 constexpr int kWarps = 32 / kPairsPerWarp;
 constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kLoadBatch = 4;  // 16-byte K and V chunks per thread in flight together
