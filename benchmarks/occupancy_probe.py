@@ -2,8 +2,10 @@
 occupancy sections (benchmarks/occupancy_ncu.sh runs it under ncu).
 
     python3 benchmarks/occupancy_probe.py [--m 4096] [--rows 2048] [--vocab 262208]
+        [--norm-kernels lean8,bulk]
 
-Calls, in order: rmsnorm_quant (the launcher's choice, then PRISM_RMSNORM_KERNEL=lean8),
+Calls, in order: rmsnorm_quant (the launcher's choice, then each PRISM_RMSNORM_KERNEL of
+--norm-kernels),
 glu_quant_pair (one digit), candidate_head (the launcher's choice, then
 PRISM_CANDIDATE_HEAD_KERNEL=warp). f32 activations, the 27B's D = 5376 and F = 21504.
 """
@@ -32,11 +34,12 @@ def main() -> None:
     p.add_argument("--m", type=int, default=4096)
     p.add_argument("--rows", type=int, default=2048)
     p.add_argument("--vocab", type=int, default=V, help="embedding rows (small: a CPU check)")
+    p.add_argument("--norm-kernels", default="lean8", help="forced RMSNorm kernels, after default")
     args = p.parse_args()
     key = jax.random.key(0)
     x = jax.random.normal(key, (args.m, D), jnp.float32)
     gamma = jnp.ones((D,), jnp.float32)
-    for kernel in ("", "lean8"):
+    for kernel in ["", *(k for k in args.norm_kernels.split(",") if k)]:
         os.environ["PRISM_RMSNORM_KERNEL"] = kernel
         call(f"rmsnorm_quant {kernel or 'default'}",
              lambda x, g: ops.rmsnorm_quant(x, g, eps=1e-6), x, gamma)  # fmt: skip

@@ -33,7 +33,6 @@ ffi::Error LaunchPreNorm(cudaStream_t stream, int64_t m, const NormArgs<T>& a, c
   PRISM_REQUIRE(m <= 0x7fffffff, std::string(op) + ": too many rows for one grid");
   int forced = 0;
   if (auto e = ForcedNormKernel(&forced); e.failure()) return e;
-  if (forced == kForceBulk) forced = 0;  // the bulk kernel has no fused post-norm: by shape
   const bool lean = forced > kForceLean || (forced == 0 && m >= kLeanRows);
   const int warps = forced > 0 ? forced % kForceLean : SplitWarps(m, a.d, lean);
   if (forced != -1 && a.d <= kMaxRegChunks * kStride && warps >= 2) {

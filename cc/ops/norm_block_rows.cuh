@@ -1,6 +1,5 @@
 // The one-block-per-row RMSNorm kernels of norm_quant_cuda.cu (rows too long for registers, or
-// PRISM_RMSNORM_KERNEL=block) and the passes after the sum of squares they share with the bulk
-// kernel (norm_bulk_rows.cuh). The block stages the row's h in shared memory (f32, D <=
+// PRISM_RMSNORM_KERNEL=block). The block stages the row's h in shared memory (f32, D <=
 // kMaxStagedD); warp 0 takes the sum of squares in the canonical order (the only
 // order-sensitive step); the whole block normalises, takes the (exact) amax and quantises.
 // Longer rows skip the staging: warp 0 streams the row from global memory and later passes

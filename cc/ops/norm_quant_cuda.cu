@@ -25,7 +25,6 @@
 #include "cc/numerics.h"
 #include "cc/ops/norm_args.cuh"
 #include "cc/ops/norm_block_rows.cuh"
-#include "cc/ops/norm_bulk_rows.cuh"
 #include "cc/ops/norm_digits.h"
 #include "cc/ops/norm_launch.cuh"
 #include "cc/ops/norm_reg_rows.cuh"
@@ -33,10 +32,6 @@
 
 namespace prism {
 namespace {
-
-// Rows from which the bulk kernel is the default where it fits: with many rows, rows resident
-// per SM set the time (norm_bulk_rows.cuh).
-constexpr int64_t kBulkRows = 1024;
 
 static_assert(kMaxRegChunks <= 2 * kMaxSplitChunks, "two warps must hold the longest register row");
 
@@ -49,12 +44,6 @@ ffi::Error LaunchNorm(cudaStream_t stream, int64_t m, const NormArgs<T>& a, cons
   int forced = 0;
   if (auto e = ForcedNormKernel(&forced); e.failure()) return e;
   const unsigned grid = static_cast<unsigned>(m);
-  const bool bulk = (forced == kForceBulk || (forced == 0 && m >= kBulkRows)) && BulkRowsFit(a);
-  if (bulk) {
-    LaunchBulkRows(stream, m, a);
-    return LaunchStatus(op);
-  }
-  if (forced == kForceBulk) forced = 0;  // rows the bulk kernel cannot take: by shape
   if (a.d <= kStride || (a.d <= kMaxRegChunks * kStride && forced != -1)) {
     const bool lean = forced > kForceLean || (forced == 0 && m >= kLeanRows);
     const int warps = forced > 0 ? forced % kForceLean : SplitWarps(m, a.d, lean);

@@ -209,12 +209,9 @@ def test_register_kernel_many_rows_llama_style(gpu, rng, dtype, d):
 
 # Register kernels by warps per row (reg1: NormRegRowsKernel; reg2/4/8: NormSplitRowsKernel,
 # the lanes' partials chained warp to warp; lean2/4/8: its lean form, gamma read after the
-# reduction), the block kernel, the bulk-copy kernel (where it fits: rows of a multiple of 16
-# bytes; elsewhere the launcher's choice) and the launcher's own choice.
-KERNELS = ("", "reg1", "reg2", "reg4", "reg8", "lean2", "lean4", "lean8", "block", "bulk")
-# 1000: whole chunks, partial stride; 777, 4101: odd; 1004: f32 rows the bulk kernel takes whose
-# last chunk is partial (bf16: 2008 bytes, not a multiple of 16, so it falls back)
-SPLIT_D = [128, 1000, 1004, 1152, 4101, 5376, 777]
+# reduction), the block kernel and the launcher's own choice.
+KERNELS = ("", "reg1", "reg2", "reg4", "reg8", "lean2", "lean4", "lean8", "block")
+SPLIT_D = [128, 1000, 1152, 4101, 5376, 777]  # 1000: whole chunks, partial stride; 777, 4101: odd
 SPLIT_M = [1, 3, 64, 256, 600, 1100]  # 1100: the launcher's own choice is the lean form
 
 
