@@ -78,12 +78,10 @@ __device__ __forceinline__ void StoreChunk(T* p, int cnt, const float (&v)[kVec]
 // INT8 codes: one 8-byte store for a full, 8-byte-aligned chunk.
 __device__ __forceinline__ void StoreCodes(int8_t* p, int cnt, const int8_t (&q)[kVec]) {
   if (cnt == kVec && (reinterpret_cast<uintptr_t>(p) & 7u) == 0) {
-    uint32_t w[2];
+    uint32_t w[2] = {0u, 0u};
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {  // bytes 4k .. 4k + 3, lowest first: three byte permutes
-      const uint32_t lo = __byte_perm(q[4 * k], q[4 * k + 1], 0x0040);      // q0 q1 in bytes 0, 1
-      const uint32_t hi = __byte_perm(q[4 * k + 2], q[4 * k + 3], 0x0040);  // q2 q3
-      w[k] = __byte_perm(lo, hi, 0x5410);
+    for (int i = 0; i < kVec; ++i) {
+      w[i / 4] |= static_cast<uint32_t>(static_cast<uint8_t>(q[i])) << (8 * (i % 4));
     }
     *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
     return;

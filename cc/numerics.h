@@ -64,20 +64,9 @@ PRISM_HD int LaneOf(int64_t d) { return static_cast<int>((d / kVec) % kLanes); }
 PRISM_HD float QuantScale(float amax) { return amax * (1.0f / kQMax); }
 PRISM_HD float QuantInverse(float amax) { return amax > 0.0f ? kQMax / amax : 0.0f; }
 PRISM_HD int8_t QuantCode(float y, float inverse) {
-#ifdef __CUDA_ARCH__
-  // One saturating conversion (round half to even, clamp to [-128, 127], NaN -> 0) and a max
-  // instead of a round, two compares, two selects and a conversion: the same code for every
-  // input, NaN and infinities included (NaN: 0, as the device's conversion of a NaN r below).
-  // The elementwise passes of the quantising kernels issue this per element.
-  static_assert(kQMax == 127.0f, "the saturating conversion clamps to the INT8 range");
-  int16_t r;
-  asm("cvt.rni.sat.s8.f32 %0, %1;" : "=h"(r) : "f"(y * inverse));
-  return static_cast<int8_t>(r < -127 ? -127 : r);
-#else
   float r = rintf(y * inverse);  // default rounding mode: half to even
   r = r > kQMax ? kQMax : (r < -kQMax ? -kQMax : r);
   return static_cast<int8_t>(r);
-#endif
 }
 
 // RMSNorm factor 1 / sqrt(sum_squares * (1/D) + eps); sqrt and division are correctly rounded

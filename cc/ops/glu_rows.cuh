@@ -150,11 +150,6 @@ __device__ __forceinline__ void StoreCached(float* row, int64_t i0, int cnt,
 }
 
 __device__ __forceinline__ float ChunkMax(float m, const float (&v)[kVec], int cnt) {
-  if (cnt == kVec) {  // whole chunks (all but a row's last): no per-element guard
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) m = fmaxf(m, fabsf(v[i]));
-    return m;
-  }
 #pragma unroll
   for (int i = 0; i < kVec; ++i) {  // unrolled: keeps v in registers
     if (i < cnt) m = fmaxf(m, fabsf(v[i]));

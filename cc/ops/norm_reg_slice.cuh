@@ -115,7 +115,7 @@ struct RegSlice {
       YOf(a, j, inv, y);
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
-        if (i < Present(j)) amax = fmaxf(amax, fabsf(y[i]));
+        if (i < cnt[j]) amax = fmaxf(amax, fabsf(y[i]));
       }
       if (y_row != nullptr && cnt[j] > 0) StoreSliceChunk<kFull>(y_row + at[j], cnt[j], y);
     }
@@ -158,7 +158,7 @@ struct RegSlice {
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
         y[j][i] = __fmul_rn(__fmul_rn(h[j].Get(i), inv), w[j][i]);
-        if (i < Present(j)) amax = fmaxf(amax, fabsf(y[j][i]));
+        if (i < cnt[j]) amax = fmaxf(amax, fabsf(y[j][i]));
       }
     }
     return amax;
@@ -187,9 +187,7 @@ struct RegSlice {
                                               float scale) const {
     float rmax = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      rmax = fmaxf(rmax, ChunkRemainders(y[j], Present(j), qinv, scale));
-    }
+    for (int j = 0; j < kChunks; ++j) rmax = fmaxf(rmax, ChunkRemainders(y[j], cnt[j], qinv, scale));
     return rmax;
   }
 
@@ -202,7 +200,7 @@ struct RegSlice {
     for (int j = 0; j < kChunks; ++j) {
       float y[kVec];
       YOf(a, j, inv, y);
-      rmax = fmaxf(rmax, ChunkRemainders(y, Present(j), qinv, scale));
+      rmax = fmaxf(rmax, ChunkRemainders(y, cnt[j], qinv, scale));
     }
     return rmax;
   }
@@ -222,12 +220,6 @@ struct RegSlice {
   }
 
  private:
-  // Elements of chunk j that may enter a max (amax, the remainders' max). kFull: all of them,
-  // even in an absent chunk: it holds the row's first chunk (x, residual and gamma read at 0),
-  // so its values are that chunk's, already in the row, and a max over them changes nothing;
-  // the per-element guard it saves is two instructions an element.
-  __device__ __forceinline__ int Present(int j) const { return kFull ? kVec : cnt[j]; }
-
   __device__ __forceinline__ void YOf(const NormArgs<T>& a, int j, float inv,
                                       float (&y)[kVec]) const {
     float w[kVec];
