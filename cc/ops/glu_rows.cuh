@@ -120,47 +120,32 @@ __device__ __forceinline__ void FirstDigit(float (&v)[kVec], float inv, float sc
   }
 }
 
-// Where half `half` (elements 4 half .. 4 half + 3) of the chunk at element i0 lives in the
-// cached row, as a float4 index: each group of 32 chunks keeps its first halves together, then
-// its second halves. A warp's threads own 32 consecutive chunks (blockDim.x is a multiple of
-// 32), so each float4 access of a warp is one 512-byte run (four wavefronts) instead of a 1 KB
-// run with 16-byte holes (eight): Nsight Compute had the kernel stalled on the shared-memory
-// queue (mio_throttle) for 3.8 cycles an instruction. Each thread still reads back only the
-// chunks it wrote.
-__device__ __forceinline__ int64_t CachedHalf(int64_t i0, int half) {
-  const int64_t q = i0 / kVec;
-  return (q / kWarpSize) * (2 * kWarpSize) + half * kWarpSize + q % kWarpSize;
-}
-
-// Floats of a cached row of f: whole groups of 32 chunks (CachedHalf's layout).
-inline int64_t CachedRowFloats(int64_t f) { return CeilDiv(f, kStride) * kStride; }
-
+// A thread's chunk of the cached row: two float4s when whole (i0 % kVec == 0 and the dynamic
+// shared memory is 16-byte aligned), which halves the bank conflicts of scalar accesses.
 static_assert(kVec == 8, "LoadCached / StoreCached move a chunk as two float4s");
 __device__ __forceinline__ void LoadCached(const float* row, int64_t i0, int cnt,
                                            float (&v)[kVec]) {
-  const float4* row4 = reinterpret_cast<const float4*>(row);
   if (cnt == kVec) {
-    const float4 a = row4[CachedHalf(i0, 0)];
-    const float4 b = row4[CachedHalf(i0, 1)];
+    const float4 a = reinterpret_cast<const float4*>(row + i0)[0];
+    const float4 b = reinterpret_cast<const float4*>(row + i0)[1];
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
     v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
     return;
   }
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) v[i] = i < cnt ? row[4 * CachedHalf(i0, i / 4) + i % 4] : 0.0f;
+  for (int i = 0; i < kVec; ++i) v[i] = i < cnt ? row[i0 + i] : 0.0f;
 }
 
 __device__ __forceinline__ void StoreCached(float* row, int64_t i0, int cnt,
                                             const float (&v)[kVec]) {
-  float4* row4 = reinterpret_cast<float4*>(row);
   if (cnt == kVec) {
-    row4[CachedHalf(i0, 0)] = make_float4(v[0], v[1], v[2], v[3]);
-    row4[CachedHalf(i0, 1)] = make_float4(v[4], v[5], v[6], v[7]);
+    reinterpret_cast<float4*>(row + i0)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(row + i0)[1] = make_float4(v[4], v[5], v[6], v[7]);
     return;
   }
 #pragma unroll
   for (int i = 0; i < kVec; ++i) {
-    if (i < cnt) row[4 * CachedHalf(i0, i / 4) + i % 4] = v[i];
+    if (i < cnt) row[i0 + i] = v[i];
   }
 }
 
@@ -177,7 +162,7 @@ __device__ __forceinline__ float ChunkMax(float m, const float (&v)[kVec], int c
 template <typename Src, bool kTwo>
 __global__ void __launch_bounds__(kGluMaxThreads, Src::kBlocksPerSm)
     GluRowsKernel(Src src, GluOut out, Activation act, bool cached) {
-  extern __shared__ float4 cache4[];  // cached: CachedRowFloats(F) floats, CachedHalf's layout
+  extern __shared__ float4 cache4[];  // [F] floats when cached (float4: 16-byte aligned)
   float* cache = reinterpret_cast<float*>(cache4);
   __shared__ float scratch1[kGluMaxThreads / kWarpSize], scratch2[kGluMaxThreads / kWarpSize];
   const int64_t r = blockIdx.x, stride = static_cast<int64_t>(blockDim.x) * kVec;
@@ -252,8 +237,7 @@ inline int CachedRowThreads(int64_t m, int64_t f) {
   constexpr int64_t kManyRows = 512, kSmemPerSm = 227 << 10, kThreadsPerSm = 2048;
   const int wide = RowBlockThreads(1, f);
   if (m < kManyRows) return wide;
-  const int64_t row_bytes = std::max<int64_t>(CachedRowFloats(f) * 4, 1);
-  const int64_t per_sm = std::max<int64_t>(1, kSmemPerSm / row_bytes);
+  const int64_t per_sm = std::max<int64_t>(1, kSmemPerSm / std::max<int64_t>(f * 4, 1));
   const int64_t fill = kThreadsPerSm / per_sm / kWarpSize * kWarpSize;
   return static_cast<int>(std::min<int64_t>(wide, std::max<int64_t>(256, fill)));
 }
@@ -267,7 +251,7 @@ ffi::Error GluRowsLaunch(cudaStream_t stream, const Src& src, const GluOut& out,
   PRISM_REQUIRE(src.m <= 0x7fffffff, op + ": too many rows for one grid");
   bool allowed = true;
   if (auto e = GluCacheAllowed(op, &allowed); e.failure()) return e;
-  const int64_t bytes = CachedRowFloats(src.f) * static_cast<int64_t>(sizeof(float));
+  const int64_t bytes = src.f * static_cast<int64_t>(sizeof(float));
   const bool cached = allowed && bytes <= kGluMaxCachedBytes;
   const size_t smem = cached ? static_cast<size_t>(bytes) : 0;
   if (smem > 48 * 1024) {  // above the default cap: opt in (not a stream operation)
