@@ -44,6 +44,22 @@ __device__ float WarpLogit(const H* h, const E* e, int64_t d, int lane, float so
   return Softcap(dot, softcap);
 }
 
+// The logit of candidate c of a row with n candidates when it is not computed: NaN for a bad
+// count or a present candidate's bad id, -inf for padding past n (CandidateRows' rules). Returns
+// false when the logit is to be computed. Both logit kernels take it.
+__device__ __forceinline__ bool FixedLogit(int32_t n, int64_t c_count, int64_t c, int32_t id,
+                                           int64_t v, float* out) {
+  if (n < 1 || n > c_count || (c < n && (id < 0 || id >= v))) {
+    *out = QuietNaN();
+    return true;
+  }
+  if (c >= n) {
+    *out = NegInf();
+    return true;
+  }
+  return false;
+}
+
 // Warp g computes logits[r, c] for g = r * C + c: NaN for a bad row or id, -inf for padding.
 template <typename H, typename E>
 __global__ void __launch_bounds__(kLogitWarps * kWarpSize)
@@ -58,11 +74,7 @@ __global__ void __launch_bounds__(kLogitWarps * kWarpSize)
   const int32_t n = counts[r];
   const int32_t id = ids[g];
   float out;
-  if (n < 1 || n > c_count || (c < n && (id < 0 || id >= v))) {
-    out = QuietNaN();
-  } else if (c >= n) {
-    out = NegInf();
-  } else {
+  if (!FixedLogit(n, c_count, c, id, v, &out)) {
     out = WarpLogit(hidden + r * d, emb + static_cast<int64_t>(id) * d, d, lane, softcap);
   }
   if (lane == 0) logits[g] = out;
@@ -114,7 +126,7 @@ __device__ __forceinline__ float StagedLogit(const float* hs, const E* e, int64_
 }
 
 // Block r: logits[r, c] for every c, warp w taking candidates w, w + kRowLogitWarps, ...
-// NaN for a bad row or id, -inf for padding (as CandidateLogitsKernel).
+// NaN for a bad row or id, -inf for padding (FixedLogit).
 template <bool kFull, typename H, typename E>
 __global__ void __launch_bounds__(kRowLogitWarps * kWarpSize, 2)
     CandidateRowLogitsKernel(const H* __restrict__ hidden, const E* __restrict__ emb,
@@ -138,11 +150,7 @@ __global__ void __launch_bounds__(kRowLogitWarps * kWarpSize, 2)
   for (int64_t c = warp; c < c_count; c += kRowLogitWarps) {
     const int32_t id = ids[r * c_count + c];
     float out;
-    if (n < 1 || n > c_count || (c < n && (id < 0 || id >= v))) {
-      out = QuietNaN();
-    } else if (c >= n) {
-      out = NegInf();
-    } else {
+    if (!FixedLogit(n, c_count, c, id, v, &out)) {
       out = StagedLogit<kFull>(hs, emb + static_cast<int64_t>(id) * d, d, lane, softcap);
     }
     if (lane == 0) logits[r * c_count + c] = out;
