@@ -39,9 +39,12 @@ struct Shape {
   static constexpr int kPairs = kWarps * kPW;       // (token, q head) pairs per block
   static constexpr int kRow = kH + 4;               // smem K/V row stride in floats: the 8
                                                     // lanes of a 16-byte phase hit 8 bank groups
-  // Dynamic shared memory: K, V tiles [64][kRow], q [kPairs][kH], scores [kPairs][64] (f32),
-  // then the tile's rows [64] (int64) and the token table (Token) per block token.
-  static constexpr size_t kFloats = 2 * kAttnTile * kRow + kPairs * kH + kPairs * kAttnTile;
+  static constexpr int kQRow = kH + 4;  // q row stride: a warp's two half-warps read pairs
+                                        // kPW apart in one load, in different bank groups
+  static constexpr int kScRow = kAttnTile + 4;  // scores row stride, for the same reason
+  // Dynamic shared memory: K, V tiles [64][kRow], q [kPairs][kQRow], scores [kPairs][kScRow]
+  // (f32), then the tile's rows [64] (int64) and the token table (Token) per block token.
+  static constexpr size_t kFloats = 2 * kAttnTile * kRow + kPairs * kQRow + kPairs * kScRow;
 };
 
 // One block token: position, chain index into the block's chain list (-1: padding or past T).
@@ -174,7 +177,7 @@ constexpr size_t SmemBytes() {
 // The block's views of its dynamic shared memory (layout: Shape::kFloats, then rows, tokens,
 // chains), plus what thread 0 computes from the token table.
 struct Smem {
-  float *kt, *vt, *qs, *sc;  // K, V tiles [64][kRow]; q [kPairs][kH]; scores [kPairs][64]
+  float *kt, *vt, *qs, *sc;  // K, V [64][kRow]; q [kPairs][kQRow]; scores [kPairs][kScRow]
   int64_t* rows;             // [64] pool row of each tile position (-1: not loaded)
   Token* toks;               // [Qt]
   ChainRange* chains;        // [Qt] distinct chains, in order of first appearance
@@ -191,8 +194,8 @@ __device__ __forceinline__ Smem CarveSmem(float* smem) {
   sm.kt = smem;
   sm.vt = sm.kt + kAttnTile * S::kRow;
   sm.qs = sm.vt + kAttnTile * S::kRow;
-  sm.sc = sm.qs + S::kPairs * kH;
-  sm.rows = reinterpret_cast<int64_t*>(sm.sc + S::kPairs * kAttnTile);
+  sm.sc = sm.qs + S::kPairs * S::kQRow;
+  sm.rows = reinterpret_cast<int64_t*>(sm.sc + S::kPairs * S::kScRow);
   sm.toks = reinterpret_cast<Token*>(sm.rows + kAttnTile);
   sm.chains = reinterpret_cast<ChainRange*>(sm.toks + S::kPairs);
   return sm;
@@ -257,10 +260,11 @@ __device__ __forceinline__ void SetupBlock(const Q* q, const Dims& dm, const Tab
   // runs of G * H: four elements per load and one division per load (a per-element load with
   // two divisions was 11 % of the split kernel's instructions on a 4K-key follow-up).
   const int run = g_count * kH / 4;  // quads per token
-  for (int i = tid; i < S::kPairs * kH / 4; i += kThreads) {
+  constexpr int kQuads = kH / 4;     // quads per pair
+  for (int i = tid; i < S::kPairs * kQuads; i += kThreads) {
     const int tok = i / run;
     const int64_t t = t0 + tok;
-    reinterpret_cast<float4*>(sm.qs)[i] =
+    reinterpret_cast<float4*>(sm.qs + (i / kQuads) * S::kQRow)[i % kQuads] =
         t < dm.t ? LoadQuad(q + (t * dm.n + kvh * g_count) * kH + (i - tok * run) * 4)
                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }

@@ -8,13 +8,14 @@
 // (GQA) for Qt consecutive tokens. For absolute key tile j and one distinct chain of the
 // block's tokens, StageTile resolves the tile's 64 positions to pool rows (KeyRow; rows that no
 // token of the chain sees, and absent keys, are neither loaded nor used) and stages the K and V
-// rows in shared memory as f32; then TilePartials has warp w work alone on its kPW pairs:
-//   scores: lane x computes the dots of keys x and x + 32 with each of its pairs' q, serially in
-//     one thread but in the attention dot's order (tree_attention.h): lane partials of kVec
-//     fused multiply-adds from +0, the butterfly levels whose offset is >= H / kVec as one
-//     `+ 0`, then the remaining levels as a tree (leaves visited in bit-reversed order, so each
-//     level adds partial[i] and partial[i + off] exactly as the xor shuffle does);
-//     s = dot * scale.
+// rows in shared memory as f32; then TilePartials computes:
+//   scores (TileScores, warps in pairs): each lane computes the dots of 2 keys with kPW pairs'
+//     q, serially in one thread but in the attention dot's order (tree_attention.h): lane
+//     partials of kVec fused multiply-adds from +0, the butterfly levels whose offset is
+//     >= H / kVec as one `+ 0`, then the remaining levels as a tree (leaves visited in
+//     bit-reversed order, so each level adds partial[i] and partial[i + off] exactly as the
+//     xor shuffle does); s = dot * scale, into shared memory. Then warp w works alone on its
+//     kPW pairs:
 //   max: TileStep's serial max as an exact (value, position) butterfly over the warp.
 //   e_i = expf(s_i - mt), then lane l owns H / 32 dimensions of each pair and adds lt and
 //     e_i * v_i (fused) over the visible keys in increasing position.
@@ -68,11 +69,20 @@ __device__ __forceinline__ void TileMasks(const Smem& sm, int64_t j, int ci, int
   }
 }
 
-// Scores of keys lane and lane + 32 with each pair: the canonical dot, serially, times scale.
+// The tile's scores, every pair with every key, into sm.sc [kPairs][kScRow]: the canonical
+// dot, serially in one thread, times scale. Warps work in pairs: warp w takes keys
+// (w % 2) * 32 .. + 31 of pair group w / 2 (2 * kPW pairs); in it, lanes 0-15 take the group's
+// first kPW pairs and lanes 16-31 the others, each lane keys x and x + 16 of the warp's 32.
+// So each lane keeps kPW pairs x 2 keys of partial sums (as a warp of 64 keys x kPW pairs
+// would), but a 16-byte K load serves two lanes and a q load two pairs: 16 shared-memory
+// wavefronts per 64 fused multiply-adds instead of 24.
 template <int kH, int kPW>
-__device__ __forceinline__ void TileScores(const Smem& sm, float scale, int warp, int lane,
-                                           float (&s)[kPW][2]) {
+__device__ __forceinline__ void TileScores(const Smem& sm, float scale, int warp, int lane) {
   using S = Shape<kH, kPW>;
+  static_assert(kWarps % 2 == 0, "scores: warps work in pairs over the tile's two key halves");
+  const int half = lane / (kWarpSize / 2), kl = lane % (kWarpSize / 2);
+  const int pair0 = (warp / 2) * 2 * kPW + half * kPW;
+  const int key0 = (warp % 2) * kWarpSize + kl;
   float stack[kPW][2][S::kLog + 1];
 #pragma unroll
   for (int seq = 0; seq < S::kParts; ++seq) {
@@ -80,8 +90,8 @@ __device__ __forceinline__ void TileScores(const Smem& sm, float scale, int warp
     float kc[2][kVec];
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
-      const float4* kp =
-          reinterpret_cast<const float4*>(sm.kt + (lane + u * kWarpSize) * S::kRow + part * kVec);
+      const float4* kp = reinterpret_cast<const float4*>(
+          sm.kt + (key0 + u * (kWarpSize / 2)) * S::kRow + part * kVec);
       const float4 a = kp[0], b = kp[1];
       kc[u][0] = a.x, kc[u][1] = a.y, kc[u][2] = a.z, kc[u][3] = a.w;
       kc[u][4] = b.x, kc[u][5] = b.y, kc[u][6] = b.z, kc[u][7] = b.w;
@@ -89,7 +99,7 @@ __device__ __forceinline__ void TileScores(const Smem& sm, float scale, int warp
 #pragma unroll
     for (int i = 0; i < kPW; ++i) {
       const float4* qp =
-          reinterpret_cast<const float4*>(sm.qs + (warp * kPW + i) * kH + part * kVec);
+          reinterpret_cast<const float4*>(sm.qs + (pair0 + i) * S::kQRow + part * kVec);
       const float4 a = qp[0], b = qp[1];
       const float qc[kVec] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
@@ -109,7 +119,10 @@ __device__ __forceinline__ void TileScores(const Smem& sm, float scale, int warp
 #pragma unroll
   for (int i = 0; i < kPW; ++i) {
 #pragma unroll
-    for (int u = 0; u < 2; ++u) s[i][u] = __fmul_rn(stack[i][u][S::kLog], scale);
+    for (int u = 0; u < 2; ++u) {
+      sm.sc[(pair0 + i) * S::kScRow + key0 + u * (kWarpSize / 2)] =
+          __fmul_rn(stack[i][u][S::kLog], scale);
+    }
   }
 }
 
@@ -193,7 +206,7 @@ __device__ __forceinline__ void TileSums(const Smem& sm, const float* scw, int l
     if ((static_cast<unsigned>(all >> x0) & 0xfu) == 0xfu) {
       float4 w4[kPW];
 #pragma unroll
-      for (int i = 0; i < kPW; ++i) w4[i] = *reinterpret_cast<const float4*>(scw + i * kAttnTile + x0);
+      for (int i = 0; i < kPW; ++i) w4[i] = *reinterpret_cast<const float4*>(scw + i * S::kScRow + x0);
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         float vv[S::kDims];
@@ -215,33 +228,36 @@ __device__ __forceinline__ void TileSums(const Smem& sm, const float* scw, int l
 #pragma unroll
       for (int i = 0; i < kPW; ++i) {
         if (((pt->mask[i] >> x) & 1u) == 0) continue;  // uniform
-        AddKey<kH, kPW>(scw[i * kAttnTile + x], vv, i, pt);
+        AddKey<kH, kPW>(scw[i * S::kScRow + x], vv, i, pt);
       }
     }
   }
 }
 
-// The warp's partials of staged tile j (chain ci): see the top of this file. Block-wide (it
-// waits for the tile's V rows), so every warp of the block calls it.
+// The warp's partials of staged tile j (chain ci): see the top of this file. Block-wide (the
+// scores of a warp's pairs come from two warps, and it waits for the tile's V rows), so every
+// warp of the block calls it.
 template <int kH, int kPW>
 __device__ __forceinline__ void TilePartials(const Smem& sm, int64_t j, int ci, int32_t window,
                                              float scale, int g_count, Partials<kH, kPW>* pt) {
+  using S = Shape<kH, kPW>;
   const int tid = static_cast<int>(threadIdx.x), lane = tid % kWarpSize;
   const int warp = tid / kWarpSize;
   TileMasks<kH, kPW>(sm, j, ci, window, g_count, warp, lane, pt->mask);
-  float s[kPW][2];
-  TileScores<kH, kPW>(sm, scale, warp, lane, s);
-  float* scw = sm.sc + warp * kPW * kAttnTile;  // the warp's [kPW][64]
+  TileScores<kH, kPW>(sm, scale, warp, lane);
+  WaitTileV();  // V rows, and every warp's scores, for the whole block
+  float* scw = sm.sc + warp * kPW * S::kScRow;  // the warp's [kPW][kScRow]
 #pragma unroll
   for (int i = 0; i < kPW; ++i) {
-    pt->mt[i] = TileMax(pt->mask[i], s[i], lane);
+    const float s[2] = {scw[i * S::kScRow + lane], scw[i * S::kScRow + lane + kWarpSize]};
+    pt->mt[i] = TileMax(pt->mask[i], s, lane);
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int x = lane + u * kWarpSize;
-      if ((pt->mask[i] >> x) & 1u) scw[i * kAttnTile + x] = expf(__fsub_rn(s[i][u], pt->mt[i]));
+      if ((pt->mask[i] >> x) & 1u) scw[i * S::kScRow + x] = expf(__fsub_rn(s[u], pt->mt[i]));
     }
   }
-  WaitTileV();  // also publishes scw to the warp's lanes
+  __syncwarp();  // publishes the warp's weights to its lanes
   TileSums<kH, kPW>(sm, scw, lane, pt);
 }
 
