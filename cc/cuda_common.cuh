@@ -153,6 +153,17 @@ __device__ __forceinline__ float BlockMax(float v, float* scratch) {
   return m;
 }
 
+// SMs of the current device, queried once per process (one device kind per process).
+inline int64_t DeviceSmCount() {
+  static const int64_t count = [] {
+    int device = 0, sms = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    return static_cast<int64_t>(sms > 0 ? sms : 1);
+  }();
+  return count;
+}
+
 // Threads for a one-block-per-row kernel over m rows of n. Few rows are latency-bound: spread
 // each row as widely as a block allows (one chunk per thread, up to 1024). Many rows: 256, so
 // several blocks share an SM and hide each other's serial phases. Results never depend on it.

@@ -33,8 +33,12 @@ ffi::Error GluQuant2SumCuda(cudaStream_t stream, ffi::BufferR2<ffi::F32> y2,
   int8_t* codes = q->typed_data();
   float* scales = s->typed_data();
   const GluOut out{codes, scales, codes + m * f, scales + m};  // the digits stacked
-  return GluRowsLaunch<SumRows, true>(stream, src, out, static_cast<Activation>(activation),
-                                      "prism_glu_quant2_sum");
+  const Activation act = static_cast<Activation>(activation);
+  if (m <= DeviceSmCount()) {  // glu_rows.cuh says why the row count picks the block
+    return GluRowsLaunch<WideSumRows, true>(stream, WideSumRows{src}, out, act,
+                                            "prism_glu_quant2_sum");
+  }
+  return GluRowsLaunch<SumRows, true>(stream, src, out, act, "prism_glu_quant2_sum");
 }
 
 template <typename T>

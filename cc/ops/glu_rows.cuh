@@ -29,12 +29,17 @@ namespace prism {
 
 constexpr int kGluMaxThreads = 1024;
 constexpr int64_t kGluMaxCachedBytes = 200 << 10;  // under the H200's 227 KB per block
-// Each row source below names kBlocksPerSm, the blocks of kGluMaxThreads an SM must hold
-// (GluRowsKernel's __launch_bounds__): 2 for the pair and plain rows, at most 32 registers a
-// thread. Without the bound the kernel took 41, so one 1024-thread block filled an SM's
-// registers and the 27B's F = 21504 rows (86 KB of shared memory each, two fit) ran one row per
-// SM (Nsight Compute, results/ops_h200_session15/). SumRows keeps 1: at 32 registers its three
-// loads a chunk spill ~0.5 KB a thread.
+// Each row source below names kBlocksPerSm, the blocks an SM must hold, and kMaxThreads, the
+// widest block (GluRowsKernel's __launch_bounds__). The pair and plain rows: two blocks of
+// 1024, at most 32 registers a thread. Without the bound the kernel took 41, so one 1024-thread
+// block filled an SM's registers and the 27B's F = 21504 rows (86 KB of shared memory each,
+// two fit) ran one row per SM (Nsight Compute, results/ops_h200_session15/). SumRows spills
+// ~0.5 KB a thread at 32 registers (three loads a chunk; at 768 threads and 40 registers, 0.2
+// KB, and it ran slower than one block of 1024), so it takes two blocks of 512 threads (64
+// registers, no spill) when the rows outnumber the SMs, and WideSumRows (one block of 1024)
+// when every row gets an SM of its own. H200, F = 21504, kernel µs, one 1024-thread block ->
+// two of 512 (results/ops_h200_session17/): M = 256 59.4 -> 56.9, 448 101.6 -> 98.7, 4096
+// 738.9 -> 687.5; but the 4K follow-up's M = 32 rows went 1.22 -> 1.46 ms a step (62 calls).
 
 // v = Activate(gate) * up for the chunk at i0 (cnt valid elements).
 template <typename T>
@@ -50,7 +55,7 @@ __device__ __forceinline__ void GatedChunk(const T* gate, const T* up, Activatio
 // Row source of glu_quant(2): gate_up [M, 2F] of T, row r is gate then up.
 template <typename T>
 struct PairRows {
-  static constexpr int kBlocksPerSm = 2;
+  static constexpr int kBlocksPerSm = 2, kMaxThreads = kGluMaxThreads;
   const T* __restrict__ gate_up;
   int64_t m, f;
   __device__ __forceinline__ void Gated(int64_t r, Activation act, int64_t i0, int cnt,
@@ -64,7 +69,7 @@ struct PairRows {
 // projection's partial products (x1 W1, x2 W1, x1 W2) added in Int8Linear's order, each add
 // rounded; f32 only (the int8 GEMM's outputs).
 struct SumRows {
-  static constexpr int kBlocksPerSm = 1;
+  static constexpr int kBlocksPerSm = 2, kMaxThreads = 512;
   const float* __restrict__ y2;   // [2M, 2F]
   const float* __restrict__ yw2;  // [M, 2F]
   int64_t m, f;
@@ -91,9 +96,14 @@ struct SumRows {
   }
 };
 
+// SumRows for at most one row an SM: one wide block a row (half the chunks a thread).
+struct WideSumRows : SumRows {
+  static constexpr int kBlocksPerSm = 1, kMaxThreads = kGluMaxThreads;
+};
+
 // Row source of quantize_rows: the rows themselves, f32 [M, D] (f == D; act unused).
 struct PlainRows {
-  static constexpr int kBlocksPerSm = 2;
+  static constexpr int kBlocksPerSm = 2, kMaxThreads = kGluMaxThreads;
   const float* __restrict__ y;
   int64_t m, f;
   __device__ __forceinline__ void Gated(int64_t r, Activation, int64_t i0, int cnt,
@@ -160,7 +170,7 @@ __device__ __forceinline__ float ChunkMax(float m, const float (&v)[kVec], int c
 // The passes at the top of this file for row blockIdx.x; each thread only ever touches its
 // own chunks of the cache.
 template <typename Src, bool kTwo>
-__global__ void __launch_bounds__(kGluMaxThreads, Src::kBlocksPerSm)
+__global__ void __launch_bounds__(Src::kMaxThreads, Src::kBlocksPerSm)
     GluRowsKernel(Src src, GluOut out, Activation act, bool cached) {
   extern __shared__ float4 cache4[];  // [F] floats when cached (float4: 16-byte aligned)
   float* cache = reinterpret_cast<float*>(cache4);
@@ -270,7 +280,10 @@ ffi::Error GluRowsLaunch(cudaStream_t stream, const Src& src, const GluOut& out,
         cudaSharedmemCarveoutMaxShared);
     (void)carved;
   }
-  const int threads = cached ? CachedRowThreads(src.m, src.f) : RowBlockThreads(src.m, src.f);
+  static_assert(Src::kMaxThreads <= kGluMaxThreads && Src::kMaxThreads % kWarpSize == 0,
+                "a row source's widest block is whole warps within the scratch arrays");
+  const int threads = std::min(
+      Src::kMaxThreads, cached ? CachedRowThreads(src.m, src.f) : RowBlockThreads(src.m, src.f));
   GluRowsKernel<Src, kTwo>
       <<<static_cast<unsigned>(src.m), threads, smem, stream>>>(src, out, act, cached);
   return LaunchStatus(op.c_str());

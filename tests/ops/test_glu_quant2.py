@@ -174,7 +174,8 @@ def partials(rng, m, f, scale=2.0):
 
 
 # (2, 60000): a row of more floats than the CUDA kernel keeps in shared memory (recomputed).
-SUM_SHAPES = [(1, 1), (3, 7), (9, 257), (33, 2048), (2, 60000)]
+# 300 rows: more than a GPU has SMs, so the CUDA kernel takes its two-blocks-an-SM width.
+SUM_SHAPES = [(1, 1), (3, 7), (9, 257), (33, 2048), (300, 2048), (2, 60000)]
 
 
 @pytest.mark.parametrize("m,f", SUM_SHAPES)
