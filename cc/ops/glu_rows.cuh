@@ -38,7 +38,7 @@ constexpr int64_t kGluMaxCachedBytes = 200 << 10;  // under the H200's 227 KB pe
 // KB, and it ran slower than one block of 1024), so it takes two blocks of 512 threads (64
 // registers, no spill) when the rows outnumber the SMs, and WideSumRows (one block of 1024)
 // when every row gets an SM of its own. H200, F = 21504, kernel µs, one 1024-thread block ->
-// two of 512 (results/ops_h200_session17/): M = 256 59.4 -> 56.9, 448 101.6 -> 98.7, 4096
+// two of 512 (results/e2e_h200_session17/): M = 256 59.4 -> 56.9, 448 101.6 -> 98.7, 4096
 // 738.9 -> 687.5; but the 4K follow-up's M = 32 rows went 1.22 -> 1.46 ms a step (62 calls).
 
 // v = Activate(gate) * up for the chunk at i0 (cnt valid elements).

@@ -206,7 +206,9 @@ __device__ __forceinline__ void TileSums(const Smem& sm, const float* scw, int l
     if ((static_cast<unsigned>(all >> x0) & 0xfu) == 0xfu) {
       float4 w4[kPW];
 #pragma unroll
-      for (int i = 0; i < kPW; ++i) w4[i] = *reinterpret_cast<const float4*>(scw + i * S::kScRow + x0);
+      for (int i = 0; i < kPW; ++i) {
+        w4[i] = *reinterpret_cast<const float4*>(scw + i * S::kScRow + x0);
+      }
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         float vv[S::kDims];

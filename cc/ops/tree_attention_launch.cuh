@@ -90,11 +90,9 @@ ffi::Error LaunchSplit(cudaStream_t stream, const Workspace& ws, const Q* q, con
   }
   // Persistent pass 1: as many blocks as fit on the GPU at once, never more than work items.
   static const int64_t resident = [&] {  // once per instantiation (one device kind)
-    int device = 0, sms = 0, per_sm = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    int per_sm = 0;
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block::kThreads, kSmem);
-    return static_cast<int64_t>(std::max(sms, 1)) * std::max(per_sm, 1);
+    return DeviceSmCount() * std::max(per_sm, 1);
   }();
   const int64_t nb = CeilDiv(dm.t, qt);
   const unsigned grid = static_cast<unsigned>(std::min(resident, nb * dm.k * plan.slots));
