@@ -47,6 +47,7 @@ SCALE = 168**-0.5  # Gemma-3-27B query_pre_attn_scalar
 TARGET_RUN_S = 5e-3
 MAX_REPS = 64
 MIN_RUNS = 3
+ATTENTION = {"canonical": ops.tree_attention, "digits": ops.tree_attention_digits}
 XLA_MAX_LOGITS = 2**31  # B * N * Tq * S; 8 GiB of fp32 logits
 GEMM_SHAPES = {
     "qkv": (8192, 5376),
@@ -115,7 +116,7 @@ def prism_builder(case: ac.Case, cfg: dict, dtype, window: int):
         def steps(q, kn, vn, kp, vp, *tables):
             outs = []
             for _ in range(reps):  # each call reads the pools the previous one returned
-                o, kp, vp = ops.tree_attention(
+                o, kp, vp = ATTENTION[cfg.get("numerics", "canonical")](
                     q, kn, vn, kp, vp, *tables, scale=SCALE, window=window
                 )
                 outs.append(o)
@@ -316,8 +317,14 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=100.0, help="then skip the rest")
     parser.add_argument("--cases", default="", help="comma-separated case name prefixes")
     parser.add_argument("--gemm", default="benchmarks/results/gemm_h200/gemm.jsonl")
+    parser.add_argument(
+        "--numerics",
+        choices=sorted(ATTENTION),
+        default="canonical",
+        help="ops.tree_attention (canonical) or ops.tree_attention_digits (INT8 tensor cores)",
+    )
     args = parser.parse_args()
-    cfg = QUICK if args.quick else FULL
+    cfg = {**(QUICK if args.quick else FULL), "numerics": args.numerics}
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     dev = jax.devices()[0]
@@ -326,6 +333,7 @@ def main() -> int:
         "commit": commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "quick": args.quick, "gemm_source": args.gemm, "shapes": {k: cfg[k] for k in "nkh"},
         "window": cfg["window"], "page_size": cfg["engine"].page_size,
+        "numerics": args.numerics,
     }  # fmt: skip
     rows, rc = [], 0
     with open(out / "attention.jsonl", "w") as sink:

@@ -323,7 +323,9 @@ def build(config: ModelConfig, args, times: dict) -> tuple[Engine, Baseline | No
         command_buffers=args.command_buffers,
         forward_layers_per_call=args.layers_per_call,
     )
-    engine = Engine(config, params8, None, None, name="prism_jax int8", engine_config=e)
+    # --attention digits applies to the prism engine only; the baseline keeps its own path.
+    prism_config = config.replace(attention_numerics=args.attention)
+    engine = Engine(prism_config, params8, None, None, name="prism_jax int8", engine_config=e)
     engine.root_len = ROOT_LEN
     if args.no_baseline:
         log(f"random weights: int8 {times['init_int8_s']} s, no baseline")
@@ -350,6 +352,7 @@ def meta(args, config: ModelConfig) -> dict:
         "kv_pages": args.kv_pages,
         "int8_two_digit_rows": list(config.int8_two_digit_rows),
         "int8_two_digit_weights": list(config.int8_two_digit_weights),
+        "attention_numerics": args.attention,
         "command_buffers": args.command_buffers,
         "layers_per_call": args.layers_per_call,
         # Not a result: another model, another device or fewer runs than DESIGN.md asks for.
@@ -381,6 +384,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true", help="host / forward / readout split")
     p.add_argument(
         "--single-digit", action="store_true", help="INT8 rows and weights with one digit each"
+    )
+    p.add_argument(
+        "--attention",
+        choices=("canonical", "digits"),
+        default="canonical",
+        help="the int8 engine's attention arithmetic (ModelConfig.attention_numerics)",
     )
     p.add_argument(
         "--trace",

@@ -21,7 +21,8 @@
 #                                 arguments in E2E_ARGS (e.g. "--profile"), killed after
 #                                 E2E_TIMEOUT seconds (default 560) so the call still reports;
 #                                 E2E_DIGITS="two one" runs it per INT8 digit mode into
-#                                 $OUT/e2e_two and $OUT/e2e_one (one = --single-digit)
+#                                 $OUT/e2e_two and $OUT/e2e_one (one = --single-digit); a mode
+#                                 ending in -attn (two-attn, one-attn) adds --attention digits
 #   ATTN_BENCH=1                  then run benchmarks/attention_bench.py (tree_attention vs the
 #                                 run's ceilings and XLA; $OUT/attention.jsonl, attention.md),
 #                                 extra arguments in ATTN_ARGS (e.g. "--dtypes f32"), interrupted
@@ -99,7 +100,8 @@ if [ "${E2E:-0}" != 0 ]; then
     echo "## end-to-end decision benchmark ($digits)"
     dir=$OUT extra=""
     if [ "$digits" != default ]; then dir=$OUT/e2e_$digits; mkdir -p "$dir"; fi
-    if [ "$digits" = one ]; then extra=--single-digit; fi
+    case "$digits" in one*) extra=--single-digit ;; esac
+    case "$digits" in *-attn) extra="$extra --attention digits" ;; esac
     # Both 27B models (int8 28-56 GB, bf16 ~54 GB) and the KV pool live on the card at once.
     # shellcheck disable=SC2086 (E2E_ARGS is a list of arguments)
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 timeout -s INT "${E2E_TIMEOUT:-560}" \

@@ -22,7 +22,9 @@
   X("prism_qkv_rope_sum", PrismQkvRopeSumCpu, PrismQkvRopeSumCuda)             \
   X("prism_candidate_head", PrismCandidateHeadCpu, PrismCandidateHeadCuda)     \
   X("prism_vocab_logsumexp", PrismVocabLogSumExpCpu, PrismVocabLogSumExpCuda) \
-  X("prism_tree_attention", PrismTreeAttentionCpu, PrismTreeAttentionCuda)
+  X("prism_tree_attention", PrismTreeAttentionCpu, PrismTreeAttentionCuda)      \
+  X("prism_tree_attention_digits", PrismTreeAttentionDigitsCpu,                \
+    PrismTreeAttentionDigitsCuda)
 
 #define PRISM_DECLARE_CPU(name, cpu, cuda) XLA_FFI_DECLARE_HANDLER_SYMBOL(cpu);
 #define PRISM_DECLARE_CUDA(name, cpu, cuda) XLA_FFI_DECLARE_HANDLER_SYMBOL(cuda);

@@ -18,6 +18,8 @@ Precision = Literal["int8", "int8-1digit", "bf16", "fp32"]
 # "int8-1digit" the faster single-digit INT8 (one INT8 digit per row and per weight).
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 INT8_PROJECTIONS: tuple[str, ...] = ("qkv", "o", "gate_up", "down")
+AttentionNumerics = Literal["canonical", "digits"]
+ATTENTION_NUMERICS: tuple[str, ...] = ("canonical", "digits")
 # ModelConfig.replace(**INT8_TWO_DIGITS) / (**INT8_ONE_DIGIT): docs/ACCURACY.md "INT8 quantisation".
 INT8_TWO_DIGITS = dict(
     int8_two_digit_rows=INT8_PROJECTIONS, int8_two_digit_weights=INT8_PROJECTIONS
@@ -74,8 +76,17 @@ class ModelConfig:
     # precision "int8-1digit") is the single-digit model, for throughput over fidelity.
     int8_two_digit_rows: tuple[str, ...] = INT8_PROJECTIONS
     int8_two_digit_weights: tuple[str, ...] = INT8_PROJECTIONS
+    # The paged attention's arithmetic (ops.tree_attention vs ops.tree_attention_digits):
+    # "canonical" fp32 dots in numerics.h's order on CUDA cores; "digits" q, k, v and the
+    # softmax weights as two INT8 digits per row, dots on INT8 tensor cores, CPU and CUDA
+    # bit-identical (cc/ops/attention_digits.h). Both are batch- and paging-invariant.
+    attention_numerics: AttentionNumerics = "canonical"
 
     def __post_init__(self) -> None:
+        assert self.attention_numerics in ATTENTION_NUMERICS, (
+            f"attention_numerics must be one of {ATTENTION_NUMERICS}, "
+            f"got {self.attention_numerics!r}"
+        )
         for name in ("int8_two_digit_rows", "int8_two_digit_weights"):
             unknown = set(getattr(self, name)) - set(INT8_PROJECTIONS)
             assert not unknown, f"{name}: unknown {sorted(unknown)}, expected {INT8_PROJECTIONS}"

@@ -47,14 +47,17 @@ def _question(rng, prefix, vocab, multi_token: bool) -> RenderedQuestion:
 
 # The default INT8 has two digits (config.INT8_TWO_DIGITS, issue 7; its GELU remainder once
 # came from XLA's tanh and lost bit-invariance on the GPU); "-one-digit" is "int8-1digit".
-@pytest.fixture(params=["gemma3", "qwen3", "gemma3-one-digit"])
+# "-digits-attn": ModelConfig.attention_numerics = "digits" (ops.tree_attention_digits).
+@pytest.fixture(params=["gemma3", "qwen3", "gemma3-one-digit", "gemma3-digits-attn"])
 def setup(request, device, rng):
-    family = request.param.removesuffix("-one-digit")
+    family = request.param.removesuffix("-one-digit").removesuffix("-digits-attn")
     hf = dict(TINY_HF_CONFIGS[family], max_position_embeddings=2048)
     config = ModelConfig.from_hf_config(hf)
     assert config.int8_two_digit_rows == config.int8_two_digit_weights == INT8_PROJECTIONS
     if request.param.endswith("-one-digit"):
         config = config.replace(**INT8_ONE_DIGIT)
+    if request.param.endswith("-digits-attn"):
+        config = config.replace(attention_numerics="digits")
     with jax.default_device(device):
         params = init_random(config, "int8", seed=int(rng.integers(1 << 30)))
         engine = Engine(config, params, None, None, engine_config=BUCKETS)

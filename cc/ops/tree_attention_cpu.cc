@@ -24,6 +24,7 @@
 #include "cc/cpu_parallel.h"
 #include "cc/numerics.h"
 #include "cc/ops/tree_attention.h"
+#include "cc/ops/tree_attention_host.h"
 
 namespace prism {
 namespace {
@@ -80,18 +81,6 @@ __attribute__((always_inline)) inline void WeightedSum(const float* w, const flo
     }
   }
   std::memcpy(acct, a, sizeof(a));
-}
-
-template <typename KV>
-void WriteNew(const KV* k_new, const KV* v_new, const Dims& dm, const int32_t* slot, KV* k_pool,
-              KV* v_pool) {
-  const int64_t row = dm.k * dm.h;
-  for (int64_t t = 0; t < dm.t; ++t) {
-    const int64_t sl = slot[t];
-    if (sl < 0 || sl >= dm.p * dm.l) continue;
-    std::memcpy(k_pool + sl * row, k_new + t * row, row * sizeof(KV));
-    std::memcpy(v_pool + sl * row, v_new + t * row, row * sizeof(KV));
-  }
 }
 
 // Gathered keys and values of one tile for one kv head; row[i] < 0: position not in the chain.
@@ -202,32 +191,13 @@ void AttendBlock(const Q* q, const KV* k_pool, const KV* v_pool, const Dims& dm,
   }
 }
 
-// Blocks of up to kQueryBlock non-padding queries of one chain, in step order.
-std::vector<std::pair<int64_t, std::vector<int32_t>>> QueryBlocks(const Dims& dm,
-                                                                 const Tables& tb) {
-  std::vector<std::vector<int32_t>> per_chain(dm.c);
-  for (int64_t t = 0; t < dm.t; ++t) {
-    const int64_t c = tb.chain_of[t];
-    if (c >= 0 && c < dm.c && tb.positions[t] >= 0) per_chain[c].push_back(static_cast<int32_t>(t));
-  }
-  std::vector<std::pair<int64_t, std::vector<int32_t>>> blocks;
-  for (int64_t c = 0; c < dm.c; ++c) {
-    const auto& ts = per_chain[c];
-    for (size_t i = 0; i < ts.size(); i += kQueryBlock) {
-      const size_t e = std::min(ts.size(), i + kQueryBlock);
-      blocks.push_back({c, std::vector<int32_t>(ts.begin() + i, ts.begin() + e)});
-    }
-  }
-  return blocks;
-}
-
 template <typename Q, typename KV>
 void Run(ffi::ThreadPool& pool, const Q* q, const KV* k_new, const KV* v_new, const Dims& dm,
          const Tables& tb, float scale, int32_t window, Q* out, KV* k_pool, KV* v_pool) {
-  WriteNew(k_new, v_new, dm, tb.slot, k_pool, v_pool);  // first write, then attend
+  WriteNewRows(k_new, v_new, dm, tb.slot, k_pool, v_pool);  // first write, then attend
   const Q zero = Q();  // +0 in either storage format
   std::fill(out, out + dm.t * dm.n * dm.h, zero);
-  const auto blocks = QueryBlocks(dm, tb);
+  const auto blocks = ChainQueryBlocks(dm, tb, kQueryBlock);
   const int64_t items = static_cast<int64_t>(blocks.size()) * dm.k;
   ParallelFor(pool, items, [&](int64_t it) {
     const auto& [chain, ts] = blocks[it / dm.k];

@@ -64,8 +64,10 @@ class PagedAttention:
         c, tb = self.config, self.tables
         k_pages, v_pages = self.kv[layer]
         window = c.sliding_window if c.layer_types[layer] == "sliding" else 0
-        out, k_pages, v_pages = ops.tree_attention(
-            q,
+        digits = c.attention_numerics == "digits"
+        attention = ops.tree_attention_digits if digits else ops.tree_attention
+        out, k_pages, v_pages = attention(
+            q.astype(k_pages.dtype) if digits else q,  # digits: q in the pools' dtype
             k.astype(k_pages.dtype),
             v.astype(v_pages.dtype),
             k_pages,
@@ -80,4 +82,4 @@ class PagedAttention:
         )
         self.kv[layer] = (k_pages, v_pages)
         t = q.shape[0]
-        return out.reshape(t, -1)  # (T, N*H)
+        return out.astype(q.dtype).reshape(t, -1)  # (T, N*H)

@@ -26,6 +26,7 @@ from prism_jax.ops.quantize import (
 from prism_jax.ops.quantize_digits import quantize_digits
 from prism_jax.ops.rmsnorm_quant import add_rmsnorm, add_rmsnorm_quant, rmsnorm, rmsnorm_quant
 from prism_jax.ops.tree_attention import pack_chains, tree_attention
+from prism_jax.ops.tree_attention_digits import tree_attention_digits
 
 register()
 
@@ -54,6 +55,7 @@ __all__ = [
     "rmsnorm",
     "rmsnorm_quant",
     "tree_attention",
+    "tree_attention_digits",
     "use_impl",
     "vocab_logsumexp",
 ]

@@ -63,10 +63,20 @@ def slot_of(chain, pos):
 
 
 def run_step(
-    device, pool, tokens, window=0, pad_to=0, pad_chains=0, pad_segments=0, pad_pages=0, impl="ffi"
+    device,
+    pool,
+    tokens,
+    window=0,
+    pad_to=0,
+    pad_chains=0,
+    pad_segments=0,
+    pad_pages=0,
+    impl="ffi",
+    op=ops.tree_attention,
 ):
     """tokens: (chain, world, pos) each writing and querying pos; padding tokens appended up to
-    pad_to at random indices. Updates pool; returns outputs of the real tokens in order."""
+    pad_to at random indices. Updates pool; returns outputs of the real tokens in order. op:
+    ops.tree_attention or another op of its signature (ops.tree_attention_digits)."""
     chains = list({id(ch): ch for ch, _, _ in tokens}.values())
     cid = {id(ch): i for i, ch in enumerate(chains)}
     s = max(len(ch) for ch in chains) + pad_segments
@@ -85,7 +95,7 @@ def run_step(
         slot[i], pos[i], chain_of[i] = slot_of(ch, p), p, cid[id(ch)]
     out, pool.k, pool.v = run_on(
         device,
-        ops.tree_attention,
+        op,
         q,
         k_new,
         v_new,
