@@ -42,6 +42,7 @@ from gemm_bench import copy_bandwidth, stats, time_jax  # noqa: E402
 
 from prism_jax import ops  # noqa: E402
 from prism_jax.config import EngineConfig  # noqa: E402
+from prism_jax.ops.tree_attention_digits import pack_digit_rows  # noqa: E402
 
 SCALE = 168**-0.5  # Gemma-3-27B query_pre_attn_scalar
 TARGET_RUN_S = 5e-3
@@ -109,7 +110,10 @@ def prism_builder(case: ac.Case, cfg: dict, dtype, window: int):
     q = jax.random.normal(keys[0], (t, n, h), jnp.float32).astype(dtype)
     kn, vn = (jax.random.normal(x, (t, k, h), jnp.float32).astype(dtype) for x in keys[1:3])
     shape = (case.num_pages, page, k, h)
-    state = {"pools": [jax.random.normal(x, shape, jnp.float32).astype(dtype) for x in keys[3:]]}
+    pools = [jax.random.normal(x, shape, jnp.float32).astype(dtype) for x in keys[3:]]
+    if cfg.get("numerics") == "digits":  # packed INT8 digit rows (ops.tree_attention_digits)
+        pools = [jax.jit(pack_digit_rows)(x) for x in pools]
+    state = {"pools": pools}
     tables = [jnp.asarray(case.arrays[name]) for name in ac.TABLES]
 
     def build(reps: int):

@@ -4,7 +4,8 @@
 # attention kernels with the full section set, written as $OUT/ncu_<case>.ncu-rep and as the
 # details page in CSV ($OUT/ncu_<case>.csv). Clocks are left alone (METHOD.md).
 # Usage: OUT=... bash benchmarks/attention_ncu.sh   (after gpu_suite.sh built or installed the
-# extension into prism_jax/). Per-instruction view: ncu -i REPORT --page source --print-source
+# extension into prism_jax/). NCU_BENCH_ARGS: more attention_bench.py arguments (e.g.
+# "--numerics digits" with NCU_KERNELS=regex:DigitAttend). Per-instruction view: ncu -i REPORT --page source --print-source
 # sass --csv > src.csv on the device, then benchmarks/ncu_regions.py src.csv anywhere.
 set -uo pipefail
 # shellcheck source=benchmarks/ncu_env.sh
@@ -18,7 +19,7 @@ for c in ${NCU_CASES:-question forest followup}; do
   timeout "${NCU_TIMEOUT:-150}" "$NCU" --clock-control none --set full -k "$KERNELS" \
     --launch-count "${NCU_COUNT:-4}" -f -o "$OUT/ncu_$c" \
     $PY benchmarks/attention_bench.py --cases "$c" --dtypes f32 --runs 3 --cap-s 0.2 \
-    --budget-s 60 --out "/tmp/ncu_bench_$c" >"$OUT/ncu_$c.log" 2>&1
+    --budget-s 60 --out "/tmp/ncu_bench_$c" ${NCU_BENCH_ARGS:-} >"$OUT/ncu_$c.log" 2>&1
   echo "rc=$?"
   "$NCU" -i "$OUT/ncu_$c.ncu-rep" --page details --csv >"$OUT/ncu_$c.csv" 2>&1
   tail -3 "$OUT/ncu_$c.log"

@@ -1,6 +1,7 @@
 """The KV page pool: host-side page allocation and the device arrays it indexes.
 
-Each layer has a key pool and a value pool [P, L, K, H] (P pages of L token slots). Page 0 is
+Each layer has a key pool and a value pool [P, L, K, H] (P pages of L token slots; int8
+[P, L, K, 2H + 16] packed digit rows when the model attends in digits). Page 0 is
 reserved as the dummy page: padding tokens write there and no real segment ever owns it, so a
 padded step never touches live KV. The device arrays are donated through the jitted step
 (the tree_attention custom call aliases them), so XLA updates them in place.
@@ -12,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from prism_jax.config import ModelConfig
+from prism_jax.ops.tree_attention_digits import packed_row_bytes
 
 DUMMY_PAGE = 0
 
@@ -80,15 +82,23 @@ def kv_dtype(precision: str) -> jnp.dtype:
     return jnp.bfloat16 if precision == "bf16" else jnp.float32
 
 
+def kv_row_shape(config: ModelConfig, precision: str) -> tuple[tuple[int, int], jnp.dtype]:
+    """(K, last dim) and dtype of one position's pool row: H floats, or for attention in digits
+    (ModelConfig.attention_numerics) the packed INT8 digit rows of ops.tree_attention_digits."""
+    if config.attention_numerics == "digits":
+        return (config.num_kv_heads, packed_row_bytes(config.head_dim)), jnp.int8
+    return (config.num_kv_heads, config.head_dim), kv_dtype(precision)
+
+
 def kv_bytes_per_page(config: ModelConfig, page_size: int, precision: str) -> int:
-    item = jnp.dtype(kv_dtype(precision)).itemsize
-    return 2 * config.num_layers * page_size * config.num_kv_heads * config.head_dim * item
+    (k, w), dtype = kv_row_shape(config, precision)
+    return 2 * config.num_layers * page_size * k * w * jnp.dtype(dtype).itemsize
 
 
 def init_kv_pool(config: ModelConfig, num_pages: int, page_size: int, precision: str) -> KVPool:
     """Zero-filled pools: absent keys read as exact zeros, never garbage."""
-    shape = (num_pages, page_size, config.num_kv_heads, config.head_dim)
-    dtype = kv_dtype(precision)
+    row, dtype = kv_row_shape(config, precision)
+    shape = (num_pages, page_size, *row)
     return tuple(
         (jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(config.num_layers)
     )

@@ -1,11 +1,18 @@
 // Tree attention in INT8 digits ("digits" numerics): the arithmetic shared by the CPU and CUDA
 // handlers of prism_tree_attention_digits, so that every kernel on every device gives the same
-// bits. Same arguments and key semantics as prism_tree_attention (tree_attention.h); only the
-// arithmetic differs, chosen so that the dots run on INT8 tensor cores:
+// bits. The key semantics of prism_tree_attention (tree_attention.h); the pools hold digits:
+//   q               [T, N, H]        f32|bf16   queries
+//   k_new, v_new    [T, K, H]        q's dtype  this step's keys and values (cut into digits
+//                                               as they are written)
+//   k_pages,v_pages [P, L, K, H']    s8         packed digit rows, H' = PackedRowBytes(H):
+//                                               c1 [H] | c2 [H] | s1, s2 (f32 bytes) | 8 zero
+//   -> out [T, N, H] q's dtype, k_pages, v_pages (aliased)
+// A zero row (a fresh pool) is the digits of a zero vector.
 //
 //  1. Every q row (token, head), k row and v row (key, kv head) of H elements is written as two
 //     INT8 digits with per-row scales, x ~ s1 * c1 + s2 * c2: QuantizeRowDigits (quantize_rows.h),
-//     the rule of the two-digit GEMM path. A row's digits depend only on the row.
+//     the rule of the two-digit GEMM path. A row's digits depend only on the row; k and v rows
+//     are cut once, when written, so the attention kernels only copy them.
 //  2. Score of query row q and key row k: exact int32 dots I11 = c1q.c1k, I12 = c1q.c2k,
 //     I21 = c2q.c1k (the c2q.c2k term, ~2^-15 of the score, is dropped), then DigitScore.
 //     Integer sums are exact in any order, so a tensor-core tile, a dp4a loop and the CPU agree.
@@ -27,9 +34,16 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cc/common.h"
 #include "cc/numerics.h"
+#include "cc/ops/tree_attention.h"
 
 namespace prism {
+
+// Packed digit row of H codes: byte offsets of c2 and of the scales, and its size (a multiple
+// of 16 for H a multiple of 8, so rows stay 16-byte aligned).
+PRISM_HD int64_t PackedRowBytes(int64_t h) { return 2 * h + 16; }
+PRISM_HD int64_t PackedScaleOffset(int64_t h) { return 2 * h; }
 
 constexpr float kFixedEScale = 8388608.0f;            // 2^23: e in [0, 1] as a fixed-point int
 constexpr float kFixedEInverse = 1.0f / 8388608.0f;   // exact power of two
@@ -129,6 +143,41 @@ PRISM_HD DigitMerge DigitMergeFactors(float m, float mt) {
 }
 PRISM_HD float DigitMerged(float x, float a, float xt, float b) {
   return RnAdd(RnMul(x, a), RnMul(xt, b));
+}
+
+// Shapes and dtypes of prism_tree_attention_digits' buffers (a hand-written ffi_call must fail,
+// never read out of bounds); fills dm (dm.h: q's H) on success.
+inline ffi::Error CheckDigitAttentionShapes(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k_new,
+                                            const ffi::AnyBuffer& v_new,
+                                            const ffi::AnyBuffer& k_pages,
+                                            const ffi::AnyBuffer& v_pages, int64_t slot_n,
+                                            int64_t pos_n, int64_t chain_n,
+                                            ffi::AnyBuffer::Dimensions seg, Dims* dm) {
+  const std::string op = "prism_tree_attention_digits: ";
+  PRISM_REQUIRE(q.dimensions().size() == 3, op + "q must be [T, N, H]");
+  PRISM_REQUIRE(k_pages.dimensions().size() == 4, op + "k_pages must be [P, L, K, 2H + 16]");
+  const auto qd = q.dimensions(), pd = k_pages.dimensions();
+  *dm = {qd[0], qd[1], pd[2], qd[2], pd[0], pd[1], seg[0], seg.size() > 1 ? seg[1] : 0, 0};
+  PRISM_REQUIRE(IsFloatActivation(q.element_type()), op + "q must be float32 or bfloat16");
+  PRISM_REQUIRE(dm->h > 0 && dm->h % 8 == 0 && dm->h <= kDigitMaxHeadDim,
+                op + "head dim H must be a multiple of 8, at most 256");
+  PRISM_REQUIRE(k_pages.element_type() == ffi::DataType::S8 && pd[3] == PackedRowBytes(dm->h),
+                op + "k_pages must be int8 [P, L, K, 2H + 16] (packed digit rows)");
+  PRISM_REQUIRE(dm->k > 0 && dm->n % dm->k == 0, op + "N must be a multiple of K");
+  PRISM_REQUIRE(dm->l > 0 && dm->p > 0, op + "P and the page size L must be positive");
+  PRISM_REQUIRE(v_pages.element_type() == ffi::DataType::S8 &&
+                    DimsToString(v_pages.dimensions()) == DimsToString(pd),
+                op + "v_pages must match k_pages");
+  const std::string kv = "[" + std::to_string(dm->t) + ", " + std::to_string(dm->k) + ", " +
+                         std::to_string(dm->h) + "]";
+  for (const ffi::AnyBuffer* b : {&k_new, &v_new}) {
+    PRISM_REQUIRE(b->element_type() == q.element_type() && DimsToString(b->dimensions()) == kv,
+                  op + "k_new and v_new must be " + kv + " in q's dtype");
+  }
+  PRISM_REQUIRE(slot_n == dm->t && pos_n == dm->t && chain_n == dm->t,
+                op + "slot, positions and chain_of must be [T]");
+  PRISM_REQUIRE(seg.size() == 3 && seg[2] == kSegFields, op + "chain_segments must be [C, S, 3]");
+  return ffi::Error::Success();
 }
 
 }  // namespace prism

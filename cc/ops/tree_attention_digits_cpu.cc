@@ -1,9 +1,9 @@
 // Tree attention in INT8 digits on the CPU (the specification of the CUDA kernels' bits):
-//   prism_tree_attention_digits  the arguments and results of prism_tree_attention
-//                                (tree_attention.h); arithmetic in attention_digits.h.
-// Work: the queries of one chain in blocks of kQueryBlock (step order); a work item is (block,
-// kv head). Each tile's keys and values are gathered and cut into digits once per item, and
-// serve the block's G heads of every query. A query's arithmetic never depends on its block.
+//   prism_tree_attention_digits  arguments, layout and arithmetic in attention_digits.h.
+// The step's k/v rows are cut into digits and packed into the pools first. Work: the queries
+// of one chain in blocks of kQueryBlock (step order); a work item is (block, kv head). Each
+// tile's packed keys and values are unpacked once per item and serve the block's G heads of
+// every query. A query's arithmetic never depends on its block.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -36,12 +36,44 @@ struct DigitRows {
     for (int64_t d = 0; d < h; ++d) buf[d] = ToF32(x[d]);
     QuantizeRowDigits(buf, h, buf + h, &c1[i * h], &s1[i], &c2[i * h], &s2[i]);
   }
-  void Clear(int64_t i, int64_t h) {
-    std::fill(&c1[i * h], &c1[i * h] + h, int8_t{0});
-    std::fill(&c2[i * h], &c2[i * h] + h, int8_t{0});
-    s1[i] = s2[i] = 0.0f;
+  // Row i from a packed pool row (attention_digits.h), or zeros when packed is null.
+  void Unpack(int64_t i, const int8_t* packed, int64_t h) {
+    if (packed == nullptr) {
+      std::fill(&c1[i * h], &c1[i * h] + h, int8_t{0});
+      std::fill(&c2[i * h], &c2[i * h] + h, int8_t{0});
+      s1[i] = s2[i] = 0.0f;
+      return;
+    }
+    std::memcpy(&c1[i * h], packed, h);
+    std::memcpy(&c2[i * h], packed + h, h);
+    std::memcpy(&s1[i], packed + PackedScaleOffset(h), sizeof(float));
+    std::memcpy(&s2[i], packed + PackedScaleOffset(h) + sizeof(float), sizeof(float));
   }
 };
+
+// The step's k/v rows, cut into digits, to pool row slot[t] (packed); other slots: nothing.
+template <typename T>
+void WriteDigitRows(const T* k_new, const T* v_new, const Dims& dm, const int32_t* slot,
+                    int8_t* k_pool, int8_t* v_pool) {
+  const int64_t h = dm.h, row = PackedRowBytes(h);
+  std::vector<float> buf(2 * h);
+  DigitRows one(1, h);
+  for (int64_t t = 0; t < dm.t; ++t) {
+    const int64_t sl = slot[t];
+    if (sl < 0 || sl >= dm.p * dm.l) continue;
+    for (int64_t kvh = 0; kvh < dm.k; ++kvh) {
+      for (auto [src, pool] : {std::pair{k_new, k_pool}, std::pair{v_new, v_pool}}) {
+        one.Set(0, src + (t * dm.k + kvh) * h, h, buf.data());
+        int8_t* dst = pool + (sl * dm.k + kvh) * row;
+        std::memset(dst, 0, row);
+        std::memcpy(dst, one.c1.data(), h);
+        std::memcpy(dst + h, one.c2.data(), h);
+        std::memcpy(dst + PackedScaleOffset(h), &one.s1[0], sizeof(float));
+        std::memcpy(dst + PackedScaleOffset(h) + sizeof(float), &one.s2[0], sizeof(float));
+      }
+    }
+  }
+}
 
 inline int32_t IntDot(const int8_t* a, const int8_t* b, int64_t n) {
   int32_t s = 0;
@@ -55,22 +87,18 @@ struct DigitTile {
   int64_t row[kAttnTile];
 };
 
-template <typename KV>
-bool GatherDigitTile(const KV* k_pool, const KV* v_pool, const Dims& dm, const Tables& tb,
-                     int64_t chain, int64_t kvh, int64_t tile, float* buf, DigitTile* out) {
+bool GatherDigitTile(const int8_t* k_pool, const int8_t* v_pool, const Dims& dm,
+                     const Tables& tb, int64_t chain, int64_t kvh, int64_t tile,
+                     DigitTile* out) {
   const int32_t* seg = tb.segs + chain * dm.s * kSegFields;
+  const int64_t row = PackedRowBytes(dm.h);
   bool any = false;
   for (int i = 0; i < kAttnTile; ++i) {
     const int64_t r = KeyRow(seg, dm.s, tb.pages_flat, dm.pt, dm.p, dm.l, tile * kAttnTile + i);
     out->row[i] = r;
-    if (r < 0) {
-      out->k.Clear(i, dm.h);
-      out->v.Clear(i, dm.h);
-      continue;
-    }
-    any = true;
-    out->k.Set(i, k_pool + (r * dm.k + kvh) * dm.h, dm.h, buf);
-    out->v.Set(i, v_pool + (r * dm.k + kvh) * dm.h, dm.h, buf);
+    any = any || r >= 0;
+    out->k.Unpack(i, r < 0 ? nullptr : k_pool + (r * dm.k + kvh) * row, dm.h);
+    out->v.Unpack(i, r < 0 ? nullptr : v_pool + (r * dm.k + kvh) * row, dm.h);
   }
   return any;
 }
@@ -139,8 +167,8 @@ void DigitTileStep(const DigitRows& qd, int64_t qi, const DigitTile& tile, const
 }
 
 // Attention for the queries ts (all of chain `chain`) and the G query heads of kv head kvh.
-template <typename Q, typename KV>
-void AttendBlock(const Q* q, const KV* k_pool, const KV* v_pool, const Dims& dm,
+template <typename Q>
+void AttendBlock(const Q* q, const int8_t* k_pool, const int8_t* v_pool, const Dims& dm,
                  const Tables& tb, float scale, int32_t window, const int32_t* ts, int nq,
                  int64_t chain, int64_t kvh, Q* out) {
   const int64_t g = dm.g(), h = dm.h, rows = nq * g;
@@ -161,7 +189,7 @@ void AttendBlock(const Q* q, const KV* k_pool, const KV* v_pool, const Dims& dm,
   StepScratch sc(h);
   int vis[kAttnTile];
   for (int64_t j = first; j <= last; ++j) {
-    if (!GatherDigitTile(k_pool, v_pool, dm, tb, chain, kvh, j, buf.data(), &tile)) continue;
+    if (!GatherDigitTile(k_pool, v_pool, dm, tb, chain, kvh, j, &tile)) continue;
     for (int i = 0; i < nq; ++i) {
       const int64_t pos = tb.positions[ts[i]];
       int nvis = 0;
@@ -183,10 +211,10 @@ void AttendBlock(const Q* q, const KV* k_pool, const KV* v_pool, const Dims& dm,
   }
 }
 
-template <typename Q, typename KV>
-void Run(ffi::ThreadPool& pool, const Q* q, const KV* k_new, const KV* v_new, const Dims& dm,
-         const Tables& tb, float scale, int32_t window, Q* out, KV* k_pool, KV* v_pool) {
-  WriteNewRows(k_new, v_new, dm, tb.slot, k_pool, v_pool);  // first write, then attend
+template <typename Q>
+void Run(ffi::ThreadPool& pool, const Q* q, const Q* k_new, const Q* v_new, const Dims& dm,
+         const Tables& tb, float scale, int32_t window, Q* out, int8_t* k_pool, int8_t* v_pool) {
+  WriteDigitRows(k_new, v_new, dm, tb.slot, k_pool, v_pool);  // first write, then attend
   std::fill(out, out + dm.t * dm.n * dm.h, Q());           // +0 in either storage format
   const auto blocks = ChainQueryBlocks(dm, tb, kQueryBlock);
   const int64_t items = static_cast<int64_t>(blocks.size()) * dm.k;
@@ -208,16 +236,13 @@ ffi::Error TreeAttentionDigitsCpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::A
                                   ffi::Result<ffi::AnyBuffer> v_out, float scale,
                                   int32_t window) {
   Dims dm;
-  if (auto e = CheckTreeAttentionShapes(q, k_new, v_new, k_pages, v_pages, slot.dimensions()[0],
-                                        positions.dimensions()[0], chain_of.dimensions()[0],
-                                        segs.dimensions(), pages_flat.dimensions()[0], &dm);
+  if (auto e = CheckDigitAttentionShapes(q, k_new, v_new, k_pages, v_pages, slot.dimensions()[0],
+                                         positions.dimensions()[0], chain_of.dimensions()[0],
+                                         segs.dimensions(), &dm);
       e.failure()) {
     return e;
   }
-  PRISM_REQUIRE(dm.h <= kDigitMaxHeadDim,
-                "prism_tree_attention_digits: head dim H above 256 is not supported");
-  PRISM_REQUIRE(q.element_type() == k_pages.element_type(),
-                "prism_tree_attention_digits: q and the pools must share a dtype");
+  dm.pt = pages_flat.dimensions()[0];
   for (auto [in, res] : {std::pair{&k_pages, &k_out}, std::pair{&v_pages, &v_out}}) {
     if ((*res)->untyped_data() != in->untyped_data()) {  // not aliased: copy the pool first
       std::memcpy((*res)->untyped_data(), in->untyped_data(), in->size_bytes());
@@ -228,8 +253,8 @@ ffi::Error TreeAttentionDigitsCpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::A
   auto run = [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     Run(pool, q.reinterpret_data<T>(), k_new.reinterpret_data<T>(), v_new.reinterpret_data<T>(),
-        dm, tb, scale, window, out->reinterpret_data<T>(), k_out->reinterpret_data<T>(),
-        v_out->reinterpret_data<T>());
+        dm, tb, scale, window, out->reinterpret_data<T>(), k_out->reinterpret_data<int8_t>(),
+        v_out->reinterpret_data<int8_t>());
   };
   if (q.element_type() == ffi::DataType::F32) {
     run(static_cast<float*>(nullptr));

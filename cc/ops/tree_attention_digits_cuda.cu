@@ -17,6 +17,7 @@
 // No host synchronisation, no allocation: command-buffer compatible.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -29,7 +30,6 @@
 #include "cc/ops/attention_digits.h"
 #include "cc/ops/glu_quant.h"
 #include "cc/ops/tree_attention.h"
-#include "cc/ops/tree_attention_write.cuh"
 
 namespace prism {
 namespace {
@@ -198,52 +198,101 @@ __device__ void StageQueries(const T* __restrict__ q, const Dims& dm, int64_t t0
   }
 }
 
-// Tile `tile` of chain `chain` for kv head kvh into shared memory: pool rows, k digits
-// (row-major), v digits (transposed, permuted keys); absent keys as zero codes and scales.
-// Warp w cuts keys 16w .. 16w + 15, kStageRows / 2 keys (their k and v rows) at a time.
-template <int kH, typename KV>
-__device__ void StageTile(const KV* __restrict__ k_pool, const KV* __restrict__ v_pool,
+// 16 bytes of a packed row, or zeros for an absent one.
+__device__ __forceinline__ uint4 Load16(const int8_t* __restrict__ row, int offset) {
+  return row == nullptr ? make_uint4(0, 0, 0, 0)
+                        : *reinterpret_cast<const uint4*>(row + offset);
+}
+__device__ __forceinline__ uint32_t Load4(const int8_t* __restrict__ row, int offset) {
+  return row == nullptr ? 0u : *reinterpret_cast<const uint32_t*>(row + offset);
+}
+
+// Tile `tile` of chain `chain` for kv head kvh into shared memory from the packed pools: pool
+// rows, k codes (row-major, 16-byte copies), v codes transposed with PermutedKey's columns
+// (4 keys x 4 channels a thread, transposed in registers by byte permutes), the scales;
+// absent keys as zero codes and scales.
+template <int kH>
+__device__ void StageTile(const int8_t* __restrict__ k_pool, const int8_t* __restrict__ v_pool,
                           const Dims& dm, const Tables& tb, int64_t chain, int kvh, int64_t tile,
                           Smem<kH>& sm) {
-  constexpr int kStageRows = kStageRowsFor<kH>;
-  constexpr int kE = kH / kWarpSize, kPerWarp = kAttnTile / kWarps, kKeys = kStageRows / 2;
   constexpr int kB = Smem<kH>::kRowBytes, kVB = Smem<kH>::kVRowBytes;
-  static_assert(kPerWarp % kKeys == 0, "a warp's keys in whole groups");
-  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  if (threadIdx.x < kAttnTile) {
+  const int64_t row_bytes = PackedRowBytes(kH);
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid < kAttnTile) {
     const int32_t* seg = tb.segs + chain * dm.s * kSegFields;
-    sm.krow[threadIdx.x] = KeyRow(seg, dm.s, tb.pages_flat, dm.pt, dm.p, dm.l,
-                                  tile * kAttnTile + threadIdx.x);
+    const int64_t r = KeyRow(seg, dm.s, tb.pages_flat, dm.pt, dm.p, dm.l, tile * kAttnTile + tid);
+    sm.krow[tid] = r;
+    float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (r >= 0) {
+      const int8_t* kr = k_pool + (r * dm.k + kvh) * row_bytes + PackedScaleOffset(kH);
+      const int8_t* vr = v_pool + (r * dm.k + kvh) * row_bytes + PackedScaleOffset(kH);
+      const float2 ks = *reinterpret_cast<const float2*>(kr);
+      const float2 vs = *reinterpret_cast<const float2*>(vr);
+      sc[0] = ks.x, sc[1] = ks.y, sc[2] = vs.x, sc[3] = vs.y;
+    }
+    sm.ks1[tid] = sc[0], sm.ks2[tid] = sc[1], sm.vs1[tid] = sc[2], sm.vs2[tid] = sc[3];
   }
   __syncthreads();
-  for (int k0 = warp * kPerWarp; k0 < (warp + 1) * kPerWarp; k0 += kKeys) {
-    float x[kStageRows][kE] = {};  // rows 2i: key k0 + i's k, 2i + 1: its v
+  auto row_of = [&](const int8_t* pool, int key) -> const int8_t* {
+    const int64_t r = sm.krow[key];
+    return r < 0 ? nullptr : pool + (r * dm.k + kvh) * row_bytes;
+  };
+  constexpr int kChunks = 2 * kH / 16;  // 16-byte chunks of a row's two code vectors
+  for (int i = tid; i < kAttnTile * kChunks; i += kThreads) {
+    const int key = i / kChunks, c = i % kChunks;
+    const uint4 v = Load16(row_of(k_pool, key), 16 * c);
+    int8_t* dst = (c < kChunks / 2 ? sm.k1 : sm.k2) + key * kB + 16 * (c % (kChunks / 2));
+    *reinterpret_cast<uint4*>(dst) = v;
+  }
+  // v: block (digit, channel quad cq, key quad m); m = 8 half + 4 b2 + t holds keys
+  // ka, ka + 1, ka + 8, ka + 9 with ka = 32 half + 16 b2 + 2 t, PermutedKey columns 4m .. 4m + 3.
+  constexpr int kQuads = kH / 4;
+  for (int i = tid; i < 2 * kQuads * 16; i += kThreads) {
+    const int m = i % 16, cq = (i / 16) % kQuads, digit = i / (16 * kQuads);
+    const int ka = 32 * (m / 8) + 16 * ((m / 4) % 2) + 2 * (m % 4);
+    const int off = digit * kH + 4 * cq;
+    const uint32_t w0 = Load4(row_of(v_pool, ka), off), w1 = Load4(row_of(v_pool, ka + 1), off);
+    const uint32_t w2 = Load4(row_of(v_pool, ka + 8), off);
+    const uint32_t w3 = Load4(row_of(v_pool, ka + 9), off);
+    const uint32_t lo01 = __byte_perm(w0, w1, 0x5140), lo23 = __byte_perm(w2, w3, 0x5140);
+    const uint32_t hi01 = __byte_perm(w0, w1, 0x7362), hi23 = __byte_perm(w2, w3, 0x7362);
+    int8_t* vt = (digit == 0 ? sm.v1 : sm.v2) + 4 * cq * kVB + 4 * m;
+    *reinterpret_cast<uint32_t*>(vt) = __byte_perm(lo01, lo23, 0x5410);  // channel 4 cq
+    *reinterpret_cast<uint32_t*>(vt + kVB) = __byte_perm(lo01, lo23, 0x7632);
+    *reinterpret_cast<uint32_t*>(vt + 2 * kVB) = __byte_perm(hi01, hi23, 0x5410);
+    *reinterpret_cast<uint32_t*>(vt + 3 * kVB) = __byte_perm(hi01, hi23, 0x7632);
+  }
+}
+
+// The step's k/v rows cut into digits and packed into pool row slot[t] (attention_digits.h),
+// a warp per (token, kv head, k or v) row, lane l holding elements kE l .. kE l + kE - 1.
+template <typename T, int kH>
+__global__ void __launch_bounds__(kThreads)
+    DigitWriteKernel(const T* __restrict__ k_new, const T* __restrict__ v_new,
+                     const int32_t* __restrict__ slot, Dims dm, int8_t* __restrict__ k_pool,
+                     int8_t* __restrict__ v_pool) {
+  constexpr int kE = kH / kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int64_t rows = dm.t * dm.k * 2, row_bytes = PackedRowBytes(kH);
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * (kThreads / kWarpSize);
+  for (int64_t w = first; w < rows; w += stride) {
+    const int64_t t = w / (2 * dm.k), kvh = (w / 2) % dm.k;
+    const int64_t sl = slot[t];
+    if (sl < 0 || sl >= dm.p * dm.l) continue;  // uniform per warp
+    const T* src = ((w % 2) == 0 ? k_new : v_new) + (t * dm.k + kvh) * kH + kE * lane;
+    float x[1][kE];
 #pragma unroll
-    for (int i = 0; i < kKeys; ++i) {
-      const int64_t row = sm.krow[k0 + i];
-      if (row < 0) continue;
-      LoadRow<kH>(k_pool + (row * dm.k + kvh) * kH, x[2 * i]);
-      LoadRow<kH>(v_pool + (row * dm.k + kvh) * kH, x[2 * i + 1]);
-    }
-    int8_t c1[kStageRows][kE], c2[kStageRows][kE];
-    float s1[kStageRows], s2[kStageRows];
+    for (int e = 0; e < kE; ++e) x[0][e] = ToF32(src[e]);
+    int8_t c1[1][kE], c2[1][kE];
+    float s1[1], s2[1];
     RowDigits(x, c1, c2, s1, s2);
+    int8_t* dst = ((w % 2) == 0 ? k_pool : v_pool) + (sl * dm.k + kvh) * row_bytes;
 #pragma unroll
-    for (int i = 0; i < kKeys; ++i) {
-      const int key = k0 + i, col = PermutedKey(key);
-#pragma unroll
-      for (int e = 0; e < kE; ++e) {
-        const int d = lane + kWarpSize * e;
-        sm.k1[key * kB + d] = c1[2 * i][e];
-        sm.k2[key * kB + d] = c2[2 * i][e];
-        sm.v1[d * kVB + col] = c1[2 * i + 1][e];
-        sm.v2[d * kVB + col] = c2[2 * i + 1][e];
-      }
-      if (lane == 0) {
-        sm.ks1[key] = s1[2 * i], sm.ks2[key] = s2[2 * i];
-        sm.vs1[key] = s1[2 * i + 1], sm.vs2[key] = s2[2 * i + 1];
-      }
+    for (int e = 0; e < kE; ++e) dst[kE * lane + e] = c1[0][e], dst[kH + kE * lane + e] = c2[0][e];
+    if (lane == 0) {
+      const float4 tail = make_float4(s1[0], s2[0], 0.0f, 0.0f);  // the scales, then 8 zeros
+      *reinterpret_cast<float4*>(dst + PackedScaleOffset(kH)) = tail;
     }
   }
 }
@@ -318,16 +367,20 @@ struct Weights {
   float scale1[2], scale2[2];
 };
 
+// vis: bit 4 nb + i set for visible keys. Invisible keys get exact zero weights, whatever their
+// (never written, perhaps garbage) scales hold.
 template <int kH>
 __device__ __forceinline__ void WeightDigits(const Smem<kH>& sm, const float (&e)[kAttnTile / 8][4],
-                                             Weights& w) {
+                                             uint32_t vis, Weights& w) {
   const int t = static_cast<int>(threadIdx.x) % 4;
   auto key_of = [t](int nb, int i) { return 8 * nb + 2 * t + (i & 1); };
+  auto seen = [vis](int nb, int i) { return ((vis >> (4 * nb + i)) & 1u) != 0; };
   float w1max[2] = {0.0f, 0.0f}, w2max[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int nb = 0; nb < kAttnTile / 8; ++nb) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
+      if (!seen(nb, i)) continue;
       w1max[i / 2] = fmaxf(w1max[i / 2], RnMul(e[nb][i], sm.vs1[key_of(nb, i)]));
       w2max[i / 2] = fmaxf(w2max[i / 2], RnMul(e[nb][i], sm.vs2[key_of(nb, i)]));
     }
@@ -340,10 +393,12 @@ __device__ __forceinline__ void WeightDigits(const Smem<kH>& sm, const float (&e
     w.scale1[h] = f1[h].scale, w.scale2[h] = f2[h].scale;
   }
   auto code1 = [&](int nb, int i) {
-    return FixedWeight(RnMul(e[nb][i], sm.vs1[key_of(nb, i)]), f1[i / 2], kW1Max);
+    return seen(nb, i) ? FixedWeight(RnMul(e[nb][i], sm.vs1[key_of(nb, i)]), f1[i / 2], kW1Max)
+                       : 0;
   };
   auto code2 = [&](int nb, int i) {
-    return FixedWeight(RnMul(e[nb][i], sm.vs2[key_of(nb, i)]), f2[i / 2], kW2Max);
+    return seen(nb, i) ? FixedWeight(RnMul(e[nb][i], sm.vs2[key_of(nb, i)]), f2[i / 2], kW2Max)
+                       : 0;
   };
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -397,7 +452,7 @@ __device__ __forceinline__ void TileUpdate(const Smem<kH>& sm, int64_t tile, int
     }
   }
   Weights w;
-  WeightDigits<kH>(sm, s, w);
+  WeightDigits<kH>(sm, s, vis, w);
   float ka[2], kb[2];
   bool first[2];
 #pragma unroll
@@ -475,8 +530,8 @@ __device__ int64_t NextChain(const Dims& dm, const Tables& tb, int64_t t0, int k
 
 template <typename T, int kH>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
-    DigitAttendKernel(const T* __restrict__ q, const T* __restrict__ k_pool,
-                      const T* __restrict__ v_pool, Dims dm, Tables tb, float scale,
+    DigitAttendKernel(const T* __restrict__ q, const int8_t* __restrict__ k_pool,
+                      const int8_t* __restrict__ v_pool, Dims dm, Tables tb, float scale,
                       int32_t window, T* __restrict__ out) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem<kH>& sm = *reinterpret_cast<Smem<kH>*>(smem_raw);
@@ -530,7 +585,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 }
 
 template <typename T, int kH>
-ffi::Error LaunchAttend(cudaStream_t stream, const T* q, const T* k_pool, const T* v_pool,
+ffi::Error LaunchAttend(cudaStream_t stream, const T* q, const int8_t* k_pool,
+                        const int8_t* v_pool,
                         const Dims& dm, const Tables& tb, float scale, int32_t window, T* out) {
   const char* op = "prism_tree_attention_digits";
   auto* kernel = DigitAttendKernel<T, kH>;
@@ -547,23 +603,42 @@ ffi::Error LaunchAttend(cudaStream_t stream, const T* q, const T* k_pool, const 
   return LaunchStatus(op);
 }
 
+template <typename T, int kH>
+ffi::Error LaunchWrite(cudaStream_t stream, const T* k_new, const T* v_new, const Dims& dm,
+                       const int32_t* slot, int8_t* k_pool, int8_t* v_pool) {
+  const int64_t warps = dm.t * dm.k * 2;
+  if (warps == 0) return ffi::Error::Success();
+  const int64_t blocks = std::min<int64_t>(CeilDiv(warps, kThreads / kWarpSize), 4096);
+  DigitWriteKernel<T, kH><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      k_new, v_new, slot, dm, k_pool, v_pool);
+  return LaunchStatus("prism_tree_attention_digits");
+}
+
+template <typename T, int kH>
+ffi::Error LaunchBoth(cudaStream_t stream, const T* q, const T* k_new, const T* v_new,
+                      const Dims& dm, const Tables& tb, float scale, int32_t window, T* out,
+                      int8_t* k_pool, int8_t* v_pool) {
+  // First the writes, then (same stream) the reads.
+  if (auto e = LaunchWrite<T, kH>(stream, k_new, v_new, dm, tb.slot, k_pool, v_pool);
+      e.failure()) {
+    return e;
+  }
+  return LaunchAttend<T, kH>(stream, q, k_pool, v_pool, dm, tb, scale, window, out);
+}
+
 template <typename T>
 ffi::Error Launch(cudaStream_t stream, const T* q, const T* k_new, const T* v_new,
                   const Dims& dm, const Tables& tb, float scale, int32_t window, T* out,
-                  T* k_pool, T* v_pool) {
-  const char* op = "prism_tree_attention_digits";
-  if (auto e = LaunchKvWrite(stream, k_new, v_new, dm, tb.slot, k_pool, v_pool, op); e.failure()) {
-    return e;
-  }
+                  int8_t* k_pool, int8_t* v_pool) {
   switch (dm.h) {
-    case 32: return LaunchAttend<T, 32>(stream, q, k_pool, v_pool, dm, tb, scale, window, out);
-    case 64: return LaunchAttend<T, 64>(stream, q, k_pool, v_pool, dm, tb, scale, window, out);
-    case 128: return LaunchAttend<T, 128>(stream, q, k_pool, v_pool, dm, tb, scale, window, out);
-    case 256: return LaunchAttend<T, 256>(stream, q, k_pool, v_pool, dm, tb, scale, window, out);
+    case 32: return LaunchBoth<T, 32>(stream, q, k_new, v_new, dm, tb, scale, window, out, k_pool, v_pool);
+    case 64: return LaunchBoth<T, 64>(stream, q, k_new, v_new, dm, tb, scale, window, out, k_pool, v_pool);
+    case 128: return LaunchBoth<T, 128>(stream, q, k_new, v_new, dm, tb, scale, window, out, k_pool, v_pool);
+    case 256: return LaunchBoth<T, 256>(stream, q, k_new, v_new, dm, tb, scale, window, out, k_pool, v_pool);
     default: break;
   }
-  return ffi::Error::InvalidArgument(std::string(op) +
-                                     ": head dim H must be 32, 64, 128 or 256 on CUDA");
+  return ffi::Error::InvalidArgument(
+      "prism_tree_attention_digits: head dim H must be 32, 64, 128 or 256 on CUDA");
 }
 
 ffi::Error TreeAttentionDigitsCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k_new,
@@ -578,14 +653,13 @@ ffi::Error TreeAttentionDigitsCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::A
                                    int32_t window) {
   const char* op = "prism_tree_attention_digits";
   Dims dm;
-  if (auto e = CheckTreeAttentionShapes(q, k_new, v_new, k_pages, v_pages, slot.dimensions()[0],
-                                        positions.dimensions()[0], chain_of.dimensions()[0],
-                                        segs.dimensions(), pages_flat.dimensions()[0], &dm);
+  if (auto e = CheckDigitAttentionShapes(q, k_new, v_new, k_pages, v_pages, slot.dimensions()[0],
+                                         positions.dimensions()[0], chain_of.dimensions()[0],
+                                         segs.dimensions(), &dm);
       e.failure()) {
     return e;
   }
-  PRISM_REQUIRE(q.element_type() == k_pages.element_type(),
-                std::string(op) + ": q and the pools must share a dtype");
+  dm.pt = pages_flat.dimensions()[0];
   PRISM_REQUIRE(dm.g() <= kRows, std::string(op) + ": more than 64 query heads per kv head");
   for (auto [in, res] : {std::pair{&k_pages, &k_out}, std::pair{&v_pages, &v_out}}) {
     if ((*res)->untyped_data() != in->untyped_data() && in->size_bytes() > 0) {
@@ -600,7 +674,7 @@ ffi::Error TreeAttentionDigitsCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::A
     using T = std::remove_pointer_t<decltype(tag)>;
     return Launch(stream, q.reinterpret_data<T>(), k_new.reinterpret_data<T>(),
                   v_new.reinterpret_data<T>(), dm, tb, scale, window, out->reinterpret_data<T>(),
-                  k_out->reinterpret_data<T>(), v_out->reinterpret_data<T>());
+                  k_out->reinterpret_data<int8_t>(), v_out->reinterpret_data<int8_t>());
   };
   if (q.element_type() == ffi::DataType::F32) return run(static_cast<float*>(nullptr));
   return run(static_cast<uint16_t*>(nullptr));

@@ -66,10 +66,11 @@ class PagedAttention:
         window = c.sliding_window if c.layer_types[layer] == "sliding" else 0
         digits = c.attention_numerics == "digits"
         attention = ops.tree_attention_digits if digits else ops.tree_attention
+        kv_dtype = q.dtype if digits else k_pages.dtype  # digits: the kernel cuts k, v itself
         out, k_pages, v_pages = attention(
-            q.astype(k_pages.dtype) if digits else q,  # digits: q in the pools' dtype
-            k.astype(k_pages.dtype),
-            v.astype(v_pages.dtype),
+            q,
+            k.astype(kv_dtype),
+            v.astype(kv_dtype),
             k_pages,
             v_pages,
             tb.slot,
@@ -82,4 +83,4 @@ class PagedAttention:
         )
         self.kv[layer] = (k_pages, v_pages)
         t = q.shape[0]
-        return out.astype(q.dtype).reshape(t, -1)  # (T, N*H)
+        return out.reshape(t, -1)  # (T, N*H)

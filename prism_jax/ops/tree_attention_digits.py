@@ -1,17 +1,25 @@
-"""Tree attention in INT8 digits: `tree_attention`'s arguments, results and key semantics, with
-arithmetic that runs its dots on INT8 tensor cores (cc/ops/attention_digits.h).
+"""Tree attention in INT8 digits: `tree_attention`'s key semantics (chains, pages, windows), with
+pools of packed digit rows and arithmetic whose dots run on INT8 tensor cores
+(cc/ops/attention_digits.h).
 
-Every q, k and v row (token or key, head) is written as two INT8 digits with per-row scales
-(the two-digit GEMM path's rule); scores are exact int32 digit dots times the scales; per
-64-position key tile the softmax weights times the value scales are cut into digits again and
-the weighted values are exact int32 dots; tiles merge in increasing order. Integer sums are
+  tree_attention_digits(q [T, N, H], k_new, v_new [T, K, H] (q's dtype),
+                        k_pages, v_pages int8 [P, L, K, 2H + 16], slot, positions, chain_of,
+                        chain_segments, pages_flat, *, scale, window=0)
+      -> (out [T, N, H] in q's dtype, k_pages, v_pages)
+
+Every q, k and v row (token or key, head) is two INT8 digits with per-row scales (the
+two-digit GEMM path's rule); k and v rows are cut once, when this step writes them, into
+packed pool rows `c1 [H] | c2 [H] | s1, s2 (f32) | 8 zero bytes` (half the bytes of an f32
+pool; a zero row is a zero vector). Scores are exact int32 digit dots times the scales; per
+64-position key tile the softmax weights times the value scales are fixed-point integers and
+the weighted values exact integer dots; tiles merge in increasing order. Integer sums are
 exact in any order and the float work is per element, with an exp built from correctly rounded
 operations, so the CPU and CUDA kernels give the same bits, whatever the batch, the pages, the
 segment split or the step a prefix was written in. Precision: each row to ~1 / (127 * 254) of
-its max (bf16: 1 / 256 of each element); pools and q share one dtype (f32 or bf16); H <= 256.
+its max (bf16: 1 / 256 of each element); H <= 256 and a multiple of 8.
 
-The pure-jnp reference attends the digits' values with a plain masked softmax: equal within
-the weights' rounding (a few 1e-5 of the output's scale), not bitwise.
+The pure-jnp reference attends the digits' values with a plain masked softmax and the kernels'
+three digit dots: equal within the weights' fixed point (~1e-6 of the output's scale).
 """
 
 from __future__ import annotations
@@ -23,29 +31,57 @@ import numpy as np
 from prism_jax.ops import _checks
 from prism_jax.ops._registry import require_target
 from prism_jax.ops.dispatch import Impl, resolve_impl
-from prism_jax.ops.quantize import dequantize_rows, quantize_remainder, quantize_rows
-from prism_jax.ops.tree_attention import _check, tree_attention_reference
+from prism_jax.ops.quantize import quantize_remainder, quantize_rows
+from prism_jax.ops.tree_attention import _check_tables, _check_values, tree_attention_reference
 
 OP = "tree_attention_digits"
 TARGET = "prism_tree_attention_digits"
 MAX_HEAD_DIM = 256  # cc/ops/attention_digits.h kDigitMaxHeadDim
 CUDA_HEAD_DIMS = (32, 64, 128, 256)  # the CUDA kernel's instantiations
+PACK_TAIL = 16  # bytes after a row's codes: s1, s2 (f32), 8 zero bytes
 
 
-def digit_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """x [..., H] -> the values of its two INT8 digits per row of H, (c1 * s1, c2 * s2), f32."""
+def packed_row_bytes(h: int) -> int:
+    """Bytes of one packed digit row of H elements (cc/ops/attention_digits.h PackedRowBytes)."""
+    return 2 * h + PACK_TAIL
+
+
+def _digits(x: jax.Array):
+    """x [..., H] -> (c1, s1, c2, s2): two INT8 digits per row of H (codes int8, scales f32)."""
     shape = x.shape
     rows = x.reshape(-1, shape[-1]).astype(jnp.float32)  # (M, H)
     c1, s1 = quantize_rows(rows)
     c2, s2 = quantize_remainder(rows, c1, s1)
-    return dequantize_rows(c1, s1).reshape(shape), dequantize_rows(c2, s2).reshape(shape)
+    return c1.reshape(shape), s1.reshape(shape[:-1]), c2.reshape(shape), s2.reshape(shape[:-1])
 
 
-def _score_operands(x: jax.Array, role: str) -> jax.Array:
-    """[..., H] -> [..., 3H] whose dot products are the kernels' three digit dots:
-    [q1 | q1 | q2] . [k1 | k2 | k1] = q1.k1 + q1.k2 + q2.k1 (the q2.k2 term is dropped);
-    values [v1 + v2 | 0 | 0] keep the output in the first H."""
-    a, b = digit_rows(x)
+def pack_digit_rows(x: jax.Array) -> jax.Array:
+    """Rows x [..., H] (float) as packed digit rows int8 [..., 2H + 16], the pools' layout."""
+    c1, s1, c2, s2 = _digits(x)
+    scales = jax.lax.bitcast_convert_type(jnp.stack([s1, s2], axis=-1), jnp.int8)  # (..., 2, 4)
+    scales = scales.reshape(*x.shape[:-1], 8)
+    pad = jnp.zeros((*x.shape[:-1], PACK_TAIL - 8), jnp.int8)
+    return jnp.concatenate([c1, c2, scales, pad], axis=-1)
+
+
+def unpack_digit_rows(packed: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Packed rows int8 [..., 2H + 16] -> their digits' values (c1 * s1, c2 * s2) f32 [..., H]."""
+    h = (packed.shape[-1] - PACK_TAIL) // 2
+    scales = packed[..., 2 * h : 2 * h + 8].reshape(*packed.shape[:-1], 2, 4)
+    s = jax.lax.bitcast_convert_type(scales, jnp.float32)  # (..., 2)
+    c1, c2 = packed[..., :h].astype(jnp.float32), packed[..., h : 2 * h].astype(jnp.float32)
+    return c1 * s[..., :1], c2 * s[..., 1:]
+
+
+def digit_pool_shape(num_pages: int, page_size: int, num_kv_heads: int, head_dim: int):
+    """Shape of one zero-initialised int8 digits pool [P, L, K, 2H + 16]."""
+    return (num_pages, page_size, num_kv_heads, packed_row_bytes(head_dim))
+
+
+def _score_operands(a: jax.Array, b: jax.Array, role: str) -> jax.Array:
+    """Digit values (a, b) [..., H] -> [..., 3H] whose dot products are the kernels' three digit
+    dots: [q1 | q1 | q2] . [k1 | k2 | k1] (the q2.k2 term is dropped); values [v1 + v2 | 0 | 0]
+    keep the output in the first H."""
     if role == "q":
         return jnp.concatenate([a, a, b], axis=-1)
     if role == "k":
@@ -53,25 +89,64 @@ def _score_operands(x: jax.Array, role: str) -> jax.Array:
     return jnp.concatenate([a + b, jnp.zeros_like(a), jnp.zeros_like(a)], axis=-1)
 
 
+def _write(pages, rows, slot):
+    p, page_size, k, w = pages.shape
+    sl = jnp.where((slot >= 0) & (slot < p * page_size), slot, p * page_size)  # out: dropped
+    return pages.reshape(p * page_size, k, w).at[sl].set(rows, mode="drop").reshape(pages.shape)
+
+
 def tree_attention_digits_reference(
     q, k_new, v_new, k_pages, v_pages, slot, positions, chain_of, chain_segments, pages_flat,
     *, scale: float, window: int = 0,
 ):  # fmt: skip
-    """Plain masked softmax (fp32, HIGHEST dots) on the digits' values, with the kernels' three
-    digit dots as scores. Differs from the kernels by their per-tile weight digits only."""
-    tables = (slot, positions, chain_of, chain_segments, pages_flat)
-    _, k_out, v_out = tree_attention_reference(
-        q, k_new, v_new, k_pages, v_pages, *tables, scale=scale, window=window
-    )
+    """Writes the packed rows as the kernels do, then a plain masked softmax (fp32, HIGHEST dots)
+    on the digits' values with the kernels' three digit dots as scores."""
+    k_pages = _write(k_pages, pack_digit_rows(k_new), slot)
+    v_pages = _write(v_pages, pack_digit_rows(v_new), slot)
+    c1, s1, c2, s2 = _digits(q)
+    qa, qb = c1 * s1[..., None], c2 * s2[..., None]  # (T, N, H) each
+    ka, kb = unpack_digit_rows(k_pages)
+    va, vb = unpack_digit_rows(v_pages)
+    t, _, h = q.shape
+    zeros = jnp.zeros((t, k_pages.shape[2], 3 * h), jnp.float32)
     out, _, _ = tree_attention_reference(
-        _score_operands(q, "q"),
-        _score_operands(k_new, "k"),
-        _score_operands(v_new, "v"),
-        _score_operands(k_pages, "k"),
-        _score_operands(v_pages, "v"),
-        *tables, scale=scale, window=window,
+        _score_operands(qa, qb, "q"), zeros, zeros,
+        _score_operands(ka, kb, "k"), _score_operands(va, vb, "v"),
+        jnp.full_like(slot, -1), positions, chain_of, chain_segments, pages_flat,
+        scale=scale, window=window,
     )  # fmt: skip
-    return out[..., : q.shape[-1]].astype(q.dtype), k_out, v_out
+    return out[..., :h].astype(q.dtype), k_pages, v_pages
+
+
+def _check(q, k_new, v_new, k_pages, v_pages, tables, window) -> None:
+    _checks.require(OP, "q", q, rank=3, dtypes=_checks.FLOAT_ACTIVATIONS, expected="[T, N, H]")
+    t, n, h = q.shape
+    if h % 8 or h > MAX_HEAD_DIM:
+        raise ValueError(
+            f"{OP}: head dim H must be a multiple of 8, at most {MAX_HEAD_DIM}, got "
+            f"{_checks.describe(q)}; use ops.tree_attention (canonical numerics) for others"
+        )
+    want = f"int8 [P, L, K, 2H + 16 = {packed_row_bytes(h)}] (packed digit rows)"
+    _checks.require(OP, "k_pages", k_pages, rank=4, dtypes=[jnp.int8], expected=want)
+    _checks.require_dim(OP, "k_pages", k_pages, 3, packed_row_bytes(h), want)
+    p, page_size, k, _ = k_pages.shape
+    if k == 0 or n % k or page_size == 0 or p == 0:
+        raise ValueError(f"{OP}: k_pages must be {want} with K dividing N = {n}")
+    for name, x, shape, dtype in (
+        ("v_pages", v_pages, k_pages.shape, jnp.int8),
+        ("k_new", k_new, (t, k, h), q.dtype),
+        ("v_new", v_new, (t, k, h), q.dtype),
+    ):
+        if not hasattr(x, "shape") or x.shape != shape or x.dtype != dtype:
+            got = _checks.describe(x) if hasattr(x, "shape") else type(x).__name__
+            raise ValueError(
+                f"{OP}: {name} must be {np.dtype(dtype).name} {list(shape)}, got {got}"
+            )
+    _check_tables(t, *tables)
+    if not isinstance(window, (int, np.integer)) or window < 0:
+        raise ValueError(f"{OP}: window must be an int >= 0 (0 = full causal), got {window!r}")
+    slot, _, chain_of, segs, pages_flat = tables
+    _check_values(p * page_size, page_size, slot, chain_of, segs, pages_flat, p)
 
 
 def tree_attention_digits(
@@ -90,25 +165,23 @@ def tree_attention_digits(
     window: int = 0,
     impl: Impl | None = None,
 ):
-    """Writes this step's k/v into the paged pools, then attends each query's chain in digits.
+    """Cuts this step's k/v into digits and writes them into the packed pools, then attends each
+    query's chain in digits.
 
-    Args and returns: as `prism_jax.ops.tree_attention`, except that q and the pools must
-    share one dtype (float32 or bfloat16) and H <= 256 (32, 64, 128 or 256 on CUDA).
+    Args:
+      q: [T, N, H] float32 or bfloat16 queries (roped, normed, not scaled); H % 8 == 0, <= 256.
+      k_new, v_new: [T, K, H] this step's keys (roped) and values, in q's dtype.
+      k_pages, v_pages: int8 [P, L, K, 2H + 16] packed digit pools (donate them); zeros when
+        fresh (`digit_pool_shape`).
+      slot, positions, chain_of, chain_segments, pages_flat, scale, window: as
+        `ops.tree_attention`.
+
+    Returns:
+      (out [T, N, H] in q's dtype, k_pages, v_pages) with the new rows written.
     """
-    arrays = (q, k_new, v_new, k_pages, v_pages)
     tables = (slot, positions, chain_of, chain_segments, pages_flat)
-    _check(*arrays, *tables, window)
-    if q.dtype != k_pages.dtype:
-        raise ValueError(
-            f"{OP}: q and the pools must share a dtype, got q {_checks.describe(q)} and "
-            f"k_pages {_checks.describe(k_pages)}; cast q to the pools' dtype"
-        )
-    if q.shape[2] > MAX_HEAD_DIM:
-        raise ValueError(
-            f"{OP}: head dim H must be <= {MAX_HEAD_DIM}, got {_checks.describe(q)}; use "
-            "ops.tree_attention (canonical numerics) for larger heads"
-        )
-    args = (*arrays, *tables)
+    _check(q, k_new, v_new, k_pages, v_pages, tables, window)
+    args = (q, k_new, v_new, k_pages, v_pages, *tables)
     if resolve_impl(impl) == "reference":
         return tree_attention_digits_reference(*args, scale=scale, window=int(window))
     require_target(TARGET)

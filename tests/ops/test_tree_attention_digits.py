@@ -3,8 +3,8 @@ attention, CUDA against the CPU BITWISE (the digits arithmetic is the same funct
 and BITWISE invariance of a query's output to everything but its own keys: the rest of the
 step, the pages, the segment split, prefix caching and padding.
 
-Pools start filled with NaN (test_tree_attention.Pool), so a kernel that lets an absent or
-masked key reach a visible output fails.
+Pools are int8 packed digit rows and start filled with random bytes (NaN and inf scales
+among them), so a kernel that lets an absent or masked key reach a visible output fails.
 """
 
 from __future__ import annotations
@@ -15,8 +15,15 @@ import numpy as np
 import pytest
 
 from prism_jax import ops
+from prism_jax.ops.tree_attention_digits import (
+    pack_digit_rows,
+    packed_row_bytes,
+    unpack_digit_rows,
+)
 from tests.conftest import assert_bitwise_equal
 from tests.ops.test_tree_attention import (
+    L,
+    P,
     Pool,
     World,
     forest_tokens,
@@ -26,6 +33,18 @@ from tests.ops.test_tree_attention import (
 )
 
 OP = ops.tree_attention_digits
+
+
+class DigitPool(Pool):
+    """test_tree_attention.Pool with packed digit pools of random garbage bytes."""
+
+    def __init__(self, rng, kh, h, dtype, taken=0, pages=P):
+        super().__init__(rng, kh, h, dtype, taken, pages)
+        shape = (pages, L, kh, packed_row_bytes(h))
+        self.k = rng.integers(-128, 128, shape).astype(np.int8)
+        self.v = rng.integers(-128, 128, shape).astype(np.int8)
+
+
 # (N, K, H): MHA, GQA 2 (the 27B's), Gemma 3 270M (G = 4, H = 256), SmolLM2 (G = 3), Qwen (G = 7)
 CONFIGS = [(4, 4, 64), (8, 4, 128), (4, 1, 256), (9, 3, 64), (14, 2, 64)]
 
@@ -42,7 +61,7 @@ def forest(rng, nh, kh, h, dtype, seed=1):
             return World(shared.q[:n], shared.k[:n], shared.v[:n])
         return make_world(rng, n, nh, kh, h, dtype, q_dtype=dtype)
 
-    pool = Pool(np.random.default_rng(seed), kh, h, dtype)
+    pool = DigitPool(np.random.default_rng(seed), kh, h, dtype)
     return pool, forest_tokens(rng, pool, world_of)
 
 
@@ -51,7 +70,7 @@ def forest(rng, nh, kh, h, dtype, seed=1):
 @pytest.mark.parametrize("window", [0, 37])
 def test_matches_reference(device, rng, nh, kh, h, dtype, window):
     pool, tokens = forest(rng, nh, kh, h, dtype)
-    ref_pool = Pool(np.random.default_rng(1), kh, h, dtype)
+    ref_pool = DigitPool(np.random.default_rng(1), kh, h, dtype)
     ref_pool.free = list(pool.free)
     out = np.float32(step(device, pool, tokens, window=window, pad_to=len(tokens) + 5))
     ref = np.float32(step(jax.devices("cpu")[0], ref_pool, tokens, window=window, impl="reference"))
@@ -60,15 +79,15 @@ def test_matches_reference(device, rng, nh, kh, h, dtype, window):
     atol, rtol = (2e-5, 1e-4) if dtype == jnp.float32 else (1e-2, 1e-2)
     np.testing.assert_allclose(out, ref, atol=atol, rtol=rtol)
     # Pages 1.. hold the real tokens' k/v (padding writes only page 0, the dummy page).
-    np.testing.assert_array_equal(np.float32(pool.k[1:]), np.float32(ref_pool.k[1:]))
-    np.testing.assert_array_equal(np.float32(pool.v[1:]), np.float32(ref_pool.v[1:]))
+    np.testing.assert_array_equal(pool.k[1:], ref_pool.k[1:], "packed k rows")
+    np.testing.assert_array_equal(pool.v[1:], ref_pool.v[1:], "packed v rows")
 
 
 def test_dense_causal_float64(device, rng):
     """Against plain float64 attention: the digits' own error is that of ~15-bit rows."""
     nh, kh, h, n = 8, 4, 128, 200
     w = make_world(rng, n, nh, kh, h, jnp.float32, q_dtype=jnp.float32)
-    pool = Pool(rng, kh, h, jnp.float32)
+    pool = DigitPool(rng, kh, h, jnp.float32)
     chain = [pool.segment(0, n)]
     out = step(device, pool, [(chain, w, p) for p in range(n)])
     q, k, v = (np.float64(x) for x in (w.q, w.k, w.v))
@@ -87,7 +106,7 @@ def test_dense_causal_float64(device, rng):
 def test_cuda_matches_cpu_bitwise(gpu, rng, nh, kh, h, dtype, window):
     """Integer dots, exact maxima and per-element float operations: the same bits on both."""
     pool, tokens = forest(rng, nh, kh, h, dtype, seed=5)
-    cpu_pool = Pool(np.random.default_rng(5), kh, h, dtype)
+    cpu_pool = DigitPool(np.random.default_rng(5), kh, h, dtype)
     cpu_pool.free = list(pool.free)
     out_gpu = step(gpu, pool, tokens, window=window, pad_to=len(tokens) + 9)
     out_cpu = step(jax.devices("cpu")[0], cpu_pool, tokens, window=window)
@@ -100,7 +119,7 @@ def test_cuda_matches_cpu_on_a_long_state(gpu, rng):
     w = make_world(rng, n, nh, kh, h, jnp.float32, q_dtype=jnp.float32)
     outs = []
     for dev in (gpu, jax.devices("cpu")[0]):
-        pool = Pool(np.random.default_rng(7), kh, h, jnp.float32, pages=128)
+        pool = DigitPool(np.random.default_rng(7), kh, h, jnp.float32, pages=128)
         chain = [pool.segment(0, n)]
         out = [step(dev, pool, [(chain, w, p) for p in range(a, min(n, a + 512))], window=1000)
                for a in range(0, n, 512)]  # fmt: skip
@@ -116,7 +135,7 @@ def inv_world(rng):
 
 
 def inv_pool(rng, **kw):
-    return Pool(rng, INV["kh"], INV["h"], jnp.float32, **kw)
+    return DigitPool(rng, INV["kh"], INV["h"], jnp.float32, **kw)
 
 
 def base_outputs(device, w, window):
@@ -184,14 +203,24 @@ def test_invariant_to_segment_split_and_padding(device, rng):
     assert_bitwise_equal(out, base, f"split at {[s[0] for s in chain]}, padded")
 
 
-def test_rejects_mixed_dtypes_and_large_heads():
-    q = jnp.zeros((2, 2, 64), jnp.bfloat16)
-    kv = jnp.zeros((2, 2, 64), jnp.float32)
-    pages = jnp.zeros((2, 16, 2, 64), jnp.float32)
+def test_rejects_float_pools_mixed_dtypes_and_bad_heads():
+    q = jnp.zeros((2, 2, 64), jnp.float32)
     tables = (jnp.zeros(2, jnp.int32),) * 3 + (jnp.zeros((1, 1, 3), jnp.int32),)
-    with pytest.raises(ValueError, match="share a dtype"):
-        OP(q, kv, kv, pages, pages, *tables, jnp.zeros(1, jnp.int32), scale=1.0)
-    big = jnp.zeros((2, 2, 512), jnp.float32)
-    big_pages = jnp.zeros((2, 16, 2, 512), jnp.float32)
-    with pytest.raises(ValueError, match="head dim"):
-        OP(big, big, big, big_pages, big_pages, *tables, jnp.zeros(1, jnp.int32), scale=1.0)
+    flat = jnp.zeros(1, jnp.int32)
+    pages = jnp.zeros((2, 16, 2, packed_row_bytes(64)), jnp.int8)
+    float_pages = jnp.zeros((2, 16, 2, 64), jnp.float32)
+    with pytest.raises(ValueError, match="packed digit rows"):
+        OP(q, q, q, float_pages, float_pages, *tables, flat, scale=1.0)
+    bf = q.astype(jnp.bfloat16)
+    with pytest.raises(ValueError, match="k_new must be float32"):
+        OP(q, bf, bf, pages, pages, *tables, flat, scale=1.0)
+    odd = jnp.zeros((2, 2, 60), jnp.float32)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        OP(odd, odd, odd, pages, pages, *tables, flat, scale=1.0)
+
+
+def test_packed_rows_round_trip(rng):
+    x = rng.normal(0, 3, (5, 3, 128)).astype(np.float32)
+    a, b = unpack_digit_rows(pack_digit_rows(jnp.asarray(x)))
+    err = np.abs(np.asarray(a + b) - x) / np.abs(x).max(axis=-1, keepdims=True)
+    assert err.max() <= 1 / (127 * 254), "two digits hold a row to ~1 / (127 * 254) of its max"
