@@ -18,15 +18,26 @@ from prism_jax.questions import DecisionRequestError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m prism_jax", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m prism_jax",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("decide", help="answer questions about a state with option probabilities")
-    d.add_argument("--model", default="default",
-                   help="'default' (Gemma 3 270M from PyPI), a registered name, an HF "
-                        "safetensors directory or a .gguf file")
-    d.add_argument("--precision", default="int8", choices=PRECISIONS,
-                   help="int8: two INT8 digits (decides like FP32); int8-1digit: faster")
+    d.add_argument(
+        "--model",
+        default="default",
+        help="'default' (Gemma 3 270M from PyPI), a registered name, an HF "
+        "safetensors directory or a .gguf file",
+    )
+    d.add_argument(
+        "--precision",
+        default="int8",
+        choices=PRECISIONS,
+        help="int8: two INT8 digits (decides like FP32); int8-1digit: faster; "
+        "-attn: attention in INT8 digits too (tensor cores)",
+    )
     d.add_argument("--state", help="the state: text, or JSON if it parses as an object/array")
     d.add_argument("--choice", help="comma-separated options of one choice question")
     d.add_argument("--noul", action="store_true", help="ask a yes/no question instead")
@@ -91,12 +102,15 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         # One request: compile only the shapes it needs (servers warm every bucket).
         engine = Engine.from_pretrained(args.model, precision=args.precision, warmup=False)
-        print(f"loaded {args.model} ({args.precision}) in {time.perf_counter() - start:.1f} s",
-              file=sys.stderr)
+        print(
+            f"loaded {args.model} ({args.precision}) in {time.perf_counter() - start:.1f} s",
+            file=sys.stderr,
+        )
         start = time.perf_counter()
         response = engine.decide(body.get("state", ""), body.get("questions", {}))
-        print(f"decided in {time.perf_counter() - start:.2f} s (first call compiles)",
-              file=sys.stderr)
+        print(
+            f"decided in {time.perf_counter() - start:.2f} s (first call compiles)", file=sys.stderr
+        )
     except (DecisionRequestError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

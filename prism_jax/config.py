@@ -13,7 +13,8 @@ from typing import Any, Literal, get_args
 Family = Literal["gemma3", "llama", "qwen2", "qwen3"]
 FAMILIES: tuple[str, ...] = ("gemma3", "llama", "qwen2", "qwen3")
 LayerType = Literal["global", "sliding"]
-Precision = Literal["int8", "int8-1digit", "bf16", "fp32"]
+# "-attn": the int8 model with its attention in INT8 digits too (attention_numerics="digits").
+Precision = Literal["int8", "int8-1digit", "int8-attn", "int8-1digit-attn", "bf16", "fp32"]
 # What a user asks for: "int8" is INT8 as ModelConfig says (two digits by default),
 # "int8-1digit" the faster single-digit INT8 (one INT8 digit per row and per weight).
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -112,14 +113,21 @@ class ModelConfig:
         """A user-facing precision (PRECISIONS) -> (this config with its INT8 digits, the
         model's precision "int8" / "bf16" / "fp32")."""
         assert precision in PRECISIONS, f"precision must be one of {PRECISIONS}, got {precision!r}"
+        config = self
+        if precision.endswith("-attn"):
+            config, precision = config.replace(attention_numerics="digits"), precision[:-5]
         if precision == "int8-1digit":
-            return self.replace(**INT8_ONE_DIGIT), "int8"
-        return self, precision
+            return config.replace(**INT8_ONE_DIGIT), "int8"
+        return config, precision
 
     def precision_name(self, model_precision: str) -> str:
-        """The inverse of for_precision: "int8-1digit" for a model without any second digit."""
+        """The inverse of for_precision: "int8-1digit" for a model without any second digit,
+        "-attn" appended when the int8 model attends in digits."""
+        if model_precision != "int8":
+            return model_precision
         one = not self.int8_two_digit_rows and not self.int8_two_digit_weights
-        return "int8-1digit" if model_precision == "int8" and one else model_precision
+        name = "int8-1digit" if one else "int8"
+        return name + "-attn" if self.attention_numerics == "digits" else name
 
     @classmethod
     def from_hf_config(cls, d: dict[str, Any]) -> ModelConfig:

@@ -123,7 +123,8 @@ class Engine:
         """Loads an HF safetensors directory, a .gguf file or a registered model name
         ("default" = Gemma 3 270M from PyPI), quantising to INT8 when precision is "int8" (two
         INT8 digits per row and weight: decides like FP32 at least as well as BF16) or
-        "int8-1digit" (one digit: faster, less faithful; docs/ACCURACY.md).
+        "int8-1digit" (one digit: faster, less faithful; docs/ACCURACY.md); "int8-attn" and
+        "int8-1digit-attn" attend in INT8 digits too (ops.tree_attention_digits).
         warmup=True (the default) compiles every step bucket now, with a progress bar, so no
         request ever waits for a compilation (the persistent compilation cache makes this fast
         after the first start); warmup=False compiles each bucket the first time it is used."""

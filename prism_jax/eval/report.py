@@ -20,7 +20,7 @@ from prism_jax.eval.runner import RunResult, Variant
 
 # The reference comes first in a pair.
 PRECISION_RANK = {"fp32": 0, "bf16": 1, "int8": 2, "int8-1digit": 3}
-INT8_PRECISIONS = ("int8", "int8-1digit")
+INT8_PRECISIONS = ("int8", "int8-1digit", "int8-attn", "int8-1digit-attn")
 ACCURACY_GAP_POINTS = 0.03
 
 

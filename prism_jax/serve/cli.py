@@ -50,10 +50,11 @@ def _model_flags(a: Any) -> None:
     a(
         "--precision",
         default="int8",
-        choices=["int8", "int8-1digit", "bf16"],
+        choices=["int8", "int8-1digit", "int8-attn", "int8-1digit-attn", "bf16"],
         help="int8 (W8A8 with two INT8 digits: reproducible probabilities that decide like "
-        "FP32), int8-1digit (one digit: faster, less faithful) or bf16 (the accuracy "
-        "reference) (default: %(default)s)",
+        "FP32), int8-1digit (one digit: faster, less faithful), an -attn form (the attention "
+        "in INT8 digits too: ops.tree_attention_digits) or bf16 (the accuracy reference) "
+        "(default: %(default)s)",
     )
 
 

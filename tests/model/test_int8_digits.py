@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from prism_jax.config import INT8_PROJECTIONS, INT8_TWO_DIGITS, ModelConfig
+from prism_jax.config import INT8_PROJECTIONS, INT8_TWO_DIGITS, PRECISIONS, ModelConfig
 from prism_jax.model import init_random, params_from_hf
 from prism_jax.model.transformer import bind
 from tests.model.helpers import causal, mean_kl, run
@@ -39,6 +39,19 @@ def test_default_is_two_digits_and_names_are_checked():
         config.for_precision("int4")
     with pytest.raises(AssertionError, match="unknown.*'mlp'"):
         config.replace(int8_two_digit_weights=("mlp",))
+
+
+@pytest.mark.parametrize("name", PRECISIONS)
+def test_precision_names_round_trip(name):
+    """Every user-facing precision maps to a model precision and back; "-attn" turns the
+    attention's INT8 digits on (ops.tree_attention_digits) and nothing else."""
+    config = ModelConfig.from_hf_config(TINY_HF_CONFIGS["gemma3"])
+    assert config.attention_numerics == "canonical"
+    mapped, model_precision = config.for_precision(name)
+    assert mapped.precision_name(model_precision) == name
+    assert (mapped.attention_numerics == "digits") == name.endswith("-attn")
+    base, _ = config.for_precision(name.removesuffix("-attn"))
+    assert mapped.replace(attention_numerics="canonical") == base
 
 
 @pytest.mark.parametrize("named", [(), ("down",), ("qkv", "o")])
