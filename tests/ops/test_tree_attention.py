@@ -219,22 +219,29 @@ def test_invariant_to_other_queries(device, rng, n_others, window):
     w = inv_world(rng)
     base = base_outputs(device, w, window)
     pool = Pool(rng, INV["kh"], INV["h"], jnp.bfloat16)
-    root = pool.segment(0, 40)
-    chain = [root, pool.segment(40, INV["n"] - 40)]
-    tokens = [(chain, w, p) for p in range(INV["n"])]
-    while len(tokens) < INV["n"] + n_others:
-        n = int(rng.integers(1, min(12, INV["n"] + n_others - len(tokens)) + 1))
-        if rng.integers(2):  # a sibling branch under the same root (reads the root's keys)
-            other = make_world(rng, 40 + n, INV["nh"], INV["kh"], INV["h"])
-            own = [root, pool.segment(40, n)]
-            tokens += [(own, other, p) for p in range(40, 40 + n)]
-        else:  # an unrelated sequence
-            other, own = make_world(rng, n, INV["nh"], INV["kh"], INV["h"]), [pool.segment(0, n)]
-            tokens += [(own, other, p) for p in range(n)]
+    tokens = tokens_among_others(rng, pool, w, INV["n"], n_others, lambda n: make_world(
+        rng, n, INV["nh"], INV["kh"], INV["h"]))  # fmt: skip
     order = rng.permutation(len(tokens))
     out = run_step(device, pool, [tokens[i] for i in order], window=window)
     where = np.argsort(order)[: INV["n"]]
     assert_bitwise_equal(out[where], base, f"alone vs among {len(tokens) - INV['n']} others")
+
+
+def tokens_among_others(rng, pool, w, n_own, n_others, world):
+    """The n_own positions of world w on a chain (root of 40 + the rest), first, then n_others
+    tokens of sibling branches under the same root (they read the root's keys) and unrelated
+    sequences; world(n) makes an n-position world for them."""
+    root = pool.segment(0, 40)
+    chain = [root, pool.segment(40, n_own - 40)]
+    tokens = [(chain, w, p) for p in range(n_own)]
+    while len(tokens) < n_own + n_others:
+        n = int(rng.integers(1, min(12, n_own + n_others - len(tokens)) + 1))
+        if rng.integers(2):  # a sibling branch under the same root
+            own = [root, pool.segment(40, n)]
+            tokens += [(own, world(40 + n), p) for p in range(40, 40 + n)]
+        else:  # an unrelated sequence
+            tokens += [([pool.segment(0, n)], world(n), p) for p in range(n)]
+    return tokens
 
 
 def test_invariant_to_pages(device, rng):

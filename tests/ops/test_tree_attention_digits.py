@@ -30,6 +30,7 @@ from tests.ops.test_tree_attention import (
     make_world,
     run_step,
     split_chain,
+    tokens_among_others,
 )
 
 OP = ops.tree_attention_digits
@@ -152,19 +153,8 @@ def test_invariant_to_other_queries(device, rng, n_others, window):
     w = inv_world(rng)
     base = base_outputs(device, w, window)
     pool = inv_pool(rng)
-    root = pool.segment(0, 40)
-    chain = [root, pool.segment(40, INV["n"] - 40)]
-    tokens = [(chain, w, p) for p in range(INV["n"])]
-    while len(tokens) < INV["n"] + n_others:
-        n = int(rng.integers(1, min(12, INV["n"] + n_others - len(tokens)) + 1))
-        if rng.integers(2):
-            other = make_world(rng, 40 + n, INV["nh"], INV["kh"], INV["h"], jnp.float32)
-            own = [root, pool.segment(40, n)]
-            tokens += [(own, other, p) for p in range(40, 40 + n)]
-        else:
-            other = make_world(rng, n, INV["nh"], INV["kh"], INV["h"], jnp.float32)
-            own = [pool.segment(0, n)]
-            tokens += [(own, other, p) for p in range(n)]
+    tokens = tokens_among_others(rng, pool, w, INV["n"], n_others, lambda n: make_world(
+        rng, n, INV["nh"], INV["kh"], INV["h"], jnp.float32))  # fmt: skip
     order = rng.permutation(len(tokens))
     out = step(device, pool, [tokens[i] for i in order], window=window)
     where = np.argsort(order)[: INV["n"]]
