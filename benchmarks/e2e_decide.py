@@ -324,7 +324,7 @@ def build(config: ModelConfig, args, times: dict) -> tuple[Engine, Baseline | No
         forward_layers_per_call=args.layers_per_call,
     )
     # --attention digits applies to the prism engine only; the baseline keeps its own path.
-    prism_config = config.replace(attention_numerics=args.attention)
+    prism_config = config.replace(attention_numerics=getattr(args, "attention", "canonical"))
     engine = Engine(prism_config, params8, None, None, name="prism_jax int8", engine_config=e)
     engine.root_len = ROOT_LEN
     if args.no_baseline:
@@ -352,7 +352,7 @@ def meta(args, config: ModelConfig) -> dict:
         "kv_pages": args.kv_pages,
         "int8_two_digit_rows": list(config.int8_two_digit_rows),
         "int8_two_digit_weights": list(config.int8_two_digit_weights),
-        "attention_numerics": args.attention,
+        "attention_numerics": getattr(args, "attention", "canonical"),
         "command_buffers": args.command_buffers,
         "layers_per_call": args.layers_per_call,
         # Not a result: another model, another device or fewer runs than DESIGN.md asks for.

@@ -25,6 +25,7 @@ TARGETS = {
     "prism_candidate_head",
     "prism_vocab_logsumexp",
     "prism_tree_attention",
+    "prism_tree_attention_digits",
 }
 
 
