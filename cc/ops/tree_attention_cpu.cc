@@ -83,6 +83,19 @@ __attribute__((always_inline)) inline void WeightedSum(const float* w, const flo
   std::memcpy(acct, a, sizeof(a));
 }
 
+// Token t's k/v rows to pool row slot[t]; slots outside the pool write nothing.
+template <typename KV>
+void WriteNewRows(const KV* k_new, const KV* v_new, const Dims& dm, const int32_t* slot,
+                  KV* k_pool, KV* v_pool) {
+  const int64_t row = dm.k * dm.h;
+  for (int64_t t = 0; t < dm.t; ++t) {
+    const int64_t sl = slot[t];
+    if (sl < 0 || sl >= dm.p * dm.l) continue;
+    std::memcpy(k_pool + sl * row, k_new + t * row, row * sizeof(KV));
+    std::memcpy(v_pool + sl * row, v_new + t * row, row * sizeof(KV));
+  }
+}
+
 // Gathered keys and values of one tile for one kv head; row[i] < 0: position not in the chain.
 struct Tile {
   std::vector<float> k, v;  // [kAttnTile, hp] lane-major, [kAttnTile, h]

@@ -33,13 +33,46 @@
 #include "cc/ops/tree_attention_lanes.cuh"
 #include "cc/ops/tree_attention_launch.cuh"
 #include "cc/ops/tree_attention_split.cuh"
-#include "cc/ops/tree_attention_write.cuh"
 
 namespace prism {
 namespace {
 
 constexpr int kAttnWarps = 4;                       // warps (queries x heads) per block
 constexpr int kTileParts = kAttnTile / kWarpSize;   // tile positions per lane
+constexpr int kWriteThreads = 256;
+constexpr int64_t kMaxWriteBlocks = 4096;
+
+// Token t's k/v rows (row elements each) to pool row slot[t], one block per token at a time.
+// kVec16: rows are whole 16-byte words at 16-byte aligned addresses, copied as such (a step's
+// 27B rows are 8 KB each: per-element copies with a 64-bit division each ran at ~0.8 TB/s).
+// The block reads slot[t] once, so the skip of an out-of-pool slot is uniform.
+template <typename KV, bool kVec16>
+__global__ void __launch_bounds__(kWriteThreads)
+    WriteKernel(const KV* __restrict__ k_new, const KV* __restrict__ v_new,
+                const int32_t* __restrict__ slot, int64_t t_count, int64_t row, int64_t rows,
+                KV* __restrict__ k_pool, KV* __restrict__ v_pool) {
+  for (int64_t t = blockIdx.x; t < t_count; t += gridDim.x) {
+    const int64_t sl = slot[t];
+    if (sl < 0 || sl >= rows) continue;  // uniform per block
+    if constexpr (kVec16) {
+      const int64_t words = row * static_cast<int64_t>(sizeof(KV)) / 16;
+      const uint4* ks = reinterpret_cast<const uint4*>(k_new + t * row);
+      const uint4* vs = reinterpret_cast<const uint4*>(v_new + t * row);
+      uint4* kd = reinterpret_cast<uint4*>(k_pool + sl * row);
+      uint4* vd = reinterpret_cast<uint4*>(v_pool + sl * row);
+      for (int64_t i = threadIdx.x; i < words; i += blockDim.x) {
+        const uint4 kw = ks[i], vw = vs[i];
+        kd[i] = kw;
+        vd[i] = vw;
+      }
+    } else {
+      for (int64_t i = threadIdx.x; i < row; i += blockDim.x) {
+        k_pool[sl * row + i] = k_new[t * row + i];
+        v_pool[sl * row + i] = v_new[t * row + i];
+      }
+    }
+  }
+}
 
 // Attention dot (tree_attention.h) of the lane's q chunks with key row k (all 32 lanes call
 // it; all get the sum).
@@ -211,8 +244,16 @@ ffi::Error Launch(cudaStream_t stream, const Workspace& ws, const Q* q, const KV
                   const KV* v_new, const Dims& dm, const Tables& tb, float scale, int32_t window,
                   Q* out, KV* k_pool, KV* v_pool) {
   const char* op = "prism_tree_attention";
-  if (auto e = LaunchKvWrite(stream, k_new, v_new, dm, tb.slot, k_pool, v_pool, op); e.failure()) {
-    return e;
+  const int64_t row = dm.k * dm.h, total = dm.t * row;
+  if (total > 0) {  // first the writes, then (same stream) the reads
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(dm.t, kMaxWriteBlocks));
+    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    const bool vec16 = row * static_cast<int64_t>(sizeof(KV)) % 16 == 0 && aligned(k_new) &&
+                       aligned(v_new) && aligned(k_pool) && aligned(v_pool);
+    auto* write = vec16 ? WriteKernel<KV, true> : WriteKernel<KV, false>;
+    write<<<blocks, kWriteThreads, 0, stream>>>(k_new, v_new, tb.slot, dm.t, row, dm.p * dm.l,
+                                               k_pool, v_pool);
+    if (auto e = LaunchStatus(op); e.failure()) return e;
   }
   const int64_t blocks = CeilDiv(dm.t * dm.n, kAttnWarps);
   if (blocks == 0) return ffi::Error::Success();

@@ -1,30 +1,16 @@
-// The CPU handlers' shared host pieces of tree attention (prism_tree_attention and
-// prism_tree_attention_digits): writing the step's k/v into the pools, and cutting the step's
-// queries into per-chain blocks. Semantics in tree_attention.h.
+// The CPU handlers' shared host piece of tree attention (prism_tree_attention and
+// prism_tree_attention_digits): cutting the step's queries into per-chain blocks. Semantics in
+// tree_attention.h.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <utility>
 #include <vector>
 
 #include "cc/ops/tree_attention.h"
 
 namespace prism {
-
-// Token t's k/v rows to pool row slot[t]; slots outside the pool write nothing.
-template <typename KV>
-void WriteNewRows(const KV* k_new, const KV* v_new, const Dims& dm, const int32_t* slot,
-                  KV* k_pool, KV* v_pool) {
-  const int64_t row = dm.k * dm.h;
-  for (int64_t t = 0; t < dm.t; ++t) {
-    const int64_t sl = slot[t];
-    if (sl < 0 || sl >= dm.p * dm.l) continue;
-    std::memcpy(k_pool + sl * row, k_new + t * row, row * sizeof(KV));
-    std::memcpy(v_pool + sl * row, v_new + t * row, row * sizeof(KV));
-  }
-}
 
 // Blocks of up to block_size non-padding queries of one chain, in step order: (chain, tokens).
 inline std::vector<std::pair<int64_t, std::vector<int32_t>>> ChainQueryBlocks(

@@ -37,7 +37,6 @@ from prism_jax.ops.tree_attention import _check_tables, _check_values, tree_atte
 OP = "tree_attention_digits"
 TARGET = "prism_tree_attention_digits"
 MAX_HEAD_DIM = 256  # cc/ops/attention_digits.h kDigitMaxHeadDim
-CUDA_HEAD_DIMS = (32, 64, 128, 256)  # the CUDA kernel's instantiations
 PACK_TAIL = 16  # bytes after a row's codes: s1, s2 (f32), 8 zero bytes
 
 
