@@ -233,7 +233,9 @@ ffi::Error TreeAttentionDigitsCpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::A
                                   ffi::BufferR1<ffi::S32> pages_flat,
                                   ffi::Result<ffi::AnyBuffer> out,
                                   ffi::Result<ffi::AnyBuffer> k_out,
-                                  ffi::Result<ffi::AnyBuffer> v_out, float scale,
+                                  ffi::Result<ffi::AnyBuffer> v_out,
+                                  ffi::Result<ffi::BufferR1<ffi::F32>> /*workspace: CUDA's only*/,
+                                  float scale,
                                   int32_t window) {
   Dims dm;
   if (auto e = CheckDigitAttentionShapes(q, k_new, v_new, k_pages, v_pages, slot.dimensions()[0],
@@ -285,5 +287,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismTreeAttentionDigitsCpu, prism::TreeAttentionD
                                   .Ret<ffi::AnyBuffer>()            // out [T, N, H] q's dtype
                                   .Ret<ffi::AnyBuffer>()            // k_pages (aliased)
                                   .Ret<ffi::AnyBuffer>()            // v_pages (aliased)
+                                  .Ret<ffi::BufferR1<ffi::F32>>()  // workspace (CUDA split)
                                   .Attr<float>("scale")
                                   .Attr<int32_t>("window"));

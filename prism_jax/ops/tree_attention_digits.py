@@ -20,9 +20,15 @@ its max (bf16: 1 / 256 of each element); H <= 256 and a multiple of 8.
 
 The pure-jnp reference attends the digits' values with a plain masked softmax and the kernels'
 three digit dots: equal within the weights' fixed point (~1e-6 of the output's scale).
+
+On CUDA, steps of up to DIGITS_SPLIT_MAX_TOKENS tokens split the key tiles over more blocks and
+merge the tiles' partials in order in a second pass (cc/ops/tree_attention_digits_split.cuh):
+the same bits, with the partials in a workspace that is a result of the call.
 """
 
 from __future__ import annotations
+
+import os
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +44,33 @@ OP = "tree_attention_digits"
 TARGET = "prism_tree_attention_digits"
 MAX_HEAD_DIM = 256  # cc/ops/attention_digits.h kDigitMaxHeadDim
 PACK_TAIL = 16  # bytes after a row's codes: s1, s2 (f32), 8 zero bytes
+
+
+ATTN_TILE = 64  # cc/ops/tree_attention.h kAttnTile
+# The CUDA split's workspace (cc/ops/tree_attention_digits_split.cuh): an XLA result, so XLA
+# plans it with the executable's memory and the call stays capturable in a CUDA graph.
+DIGITS_SPLIT_MAX_TOKENS = 512  # kSplitMaxTokens: bigger steps take the fused kernel
+DIGITS_RECORD_TAIL = 4  # kRecordTail: floats after a record's H accumulators (m, l, padding)
+DIGITS_SPLIT_BUDGET_BYTES = 512 << 20  # the state and one round's records at most
+KERNEL_ENV = "PRISM_TREE_ATTENTION_DIGITS_KERNEL"  # "fused" | "split": force one (tests)
+SLOTS_ENV = "PRISM_TREE_ATTENTION_DIGITS_SLOTS"  # cap on a round's tiles (tests: many rounds)
+
+
+def digits_split_workspace_floats(q_shape, pool_shape) -> int:
+    """f32 elements of the CUDA split's workspace for q [T, N, H] on pools [P, L, K, 2H + 16]:
+    the running state and one record per (token, head) and key tile, for as many tiles as the
+    pool holds within the budget (more take several rounds); 1 (no split) for steps above
+    DIGITS_SPLIT_MAX_TOKENS tokens unless PRISM_TREE_ATTENTION_DIGITS_KERNEL=split."""
+    t, n, h = q_shape
+    forced = os.environ.get(KERNEL_ENV, "")
+    if t == 0 or forced == "fused" or (t > DIGITS_SPLIT_MAX_TOKENS and forced != "split"):
+        return 1
+    record = t * n * (h + DIGITS_RECORD_TAIL)
+    slots = -(-pool_shape[0] * pool_shape[1] // ATTN_TILE)
+    slots = min(slots, max(1, DIGITS_SPLIT_BUDGET_BYTES // (4 * record) - 1))
+    if os.environ.get(SLOTS_ENV):
+        slots = min(slots, max(1, int(os.environ[SLOTS_ENV])))
+    return record * (1 + slots)
 
 
 def packed_row_bytes(h: int) -> int:
@@ -188,7 +221,8 @@ def tree_attention_digits(
         jax.ShapeDtypeStruct(q.shape, q.dtype),
         jax.ShapeDtypeStruct(k_pages.shape, k_pages.dtype),
         jax.ShapeDtypeStruct(v_pages.shape, v_pages.dtype),
+        jax.ShapeDtypeStruct((digits_split_workspace_floats(q.shape, k_pages.shape),), jnp.float32),
     )
     aliases = {3: 1, 4: 2}  # the pools are updated in place
     call = jax.ffi.ffi_call(TARGET, outs, input_output_aliases=aliases, vmap_method="sequential")
-    return tuple(call(*args, scale=np.float32(scale), window=np.int32(window)))
+    return tuple(call(*args, scale=np.float32(scale), window=np.int32(window)))[:3]

@@ -16,6 +16,9 @@ import pytest
 
 from prism_jax import ops
 from prism_jax.ops.tree_attention_digits import (
+    KERNEL_ENV,
+    SLOTS_ENV,
+    digits_split_workspace_floats,
     pack_digit_rows,
     packed_row_bytes,
     unpack_digit_rows,
@@ -126,6 +129,61 @@ def test_cuda_matches_cpu_on_a_long_state(gpu, rng):
                for a in range(0, n, 512)]  # fmt: skip
         outs.append(np.concatenate(out))
     assert_bitwise_equal(outs[0], outs[1], "CUDA vs CPU, long state")
+
+
+# (forced kernel, a round's tile slots): fused; the split in one round, in rounds of 1 and 3.
+KERNEL_RUNS = [("fused", None), ("split", None), ("split", "1"), ("split", "3")]
+
+
+@pytest.mark.parametrize("window", [0, 37])
+def test_split_and_fused_kernels_match_cpu_bitwise(gpu, rng, monkeypatch, window):
+    """The split over key tiles, in one round or many, and the fused kernel: the CPU's bits."""
+    nh, kh, h = 8, 4, 128
+    pool, tokens = forest(rng, nh, kh, h, jnp.float32, seed=9)
+    free = list(pool.free)
+
+    def fresh():
+        fresh_pool = DigitPool(np.random.default_rng(9), kh, h, jnp.float32)
+        fresh_pool.free = list(free)
+        return fresh_pool
+
+    ref = step(jax.devices("cpu")[0], fresh(), tokens, window=window, pad_to=len(tokens) + 3)
+    for kernel, slots in KERNEL_RUNS:
+        monkeypatch.setenv(KERNEL_ENV, kernel)
+        if slots is None:
+            monkeypatch.delenv(SLOTS_ENV, raising=False)
+        else:
+            monkeypatch.setenv(SLOTS_ENV, slots)
+        out = step(gpu, fresh(), tokens, window=window, pad_to=len(tokens) + 3)
+        assert_bitwise_equal(out, ref, f"CUDA {kernel} (slots {slots}) vs CPU")
+
+
+@pytest.mark.parametrize("window", [0, 37])
+def test_split_fallback_for_rows_past_the_pool(gpu, rng, window):
+    """A hand-made chain repeating its pages sees more tiles than the pool holds, which the
+    split's rounds cannot cover: those blocks take the fused fallback, with the CPU's bits."""
+    nh, kh, h, n = 8, 4, 128, 128
+    w = make_world(rng, n, nh, kh, h, jnp.float32, q_dtype=jnp.float32)
+    outs = []
+    for dev in (gpu, jax.devices("cpu")[0]):
+        pool = DigitPool(np.random.default_rng(3), kh, h, jnp.float32, pages=3)
+        chain = [(0, n, [1, 2] * 4)]  # 128 positions on 32 pool rows: 2 tiles, pool 1
+        tokens = [(chain, w, p) for p in range(96, n)]  # write every row the chain reads
+        outs.append(step(dev, pool, tokens, window=window, pad_to=40))
+    assert_bitwise_equal(outs[0], outs[1], "CUDA fallback vs CPU")
+
+
+def test_split_workspace_size(monkeypatch):
+    """State + one record per (token, head) and pool tile; capped rounds; none for big steps."""
+    monkeypatch.delenv(KERNEL_ENV, raising=False)
+    monkeypatch.delenv(SLOTS_ENV, raising=False)
+    record = 64 * 32 * (128 + 4)
+    assert digits_split_workspace_floats((64, 32, 128), (320, 16, 16, 272)) == record * 81
+    monkeypatch.setenv(SLOTS_ENV, "3")
+    assert digits_split_workspace_floats((64, 32, 128), (320, 16, 16, 272)) == record * 4
+    assert digits_split_workspace_floats((2048, 32, 128), (320, 16, 16, 272)) == 1
+    monkeypatch.setenv(KERNEL_ENV, "fused")
+    assert digits_split_workspace_floats((64, 32, 128), (320, 16, 16, 272)) == 1
 
 
 INV = dict(nh=8, kh=4, h=64, n=150)

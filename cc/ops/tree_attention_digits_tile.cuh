@@ -1,0 +1,248 @@
+// One key tile of the digits attention on INT8 tensor cores (mma.sync m16n8k32): a warp's
+// scores, softmax weights as fixed-point byte planes, weighted values and the in-order merge
+// into its running state (attention_digits.h steps 2-4). Included by
+// tree_attention_digits_cuda.cu only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cc/cuda_common.cuh"
+#include "cc/ops/attention_digits.h"
+#include "cc/ops/tree_attention.h"
+#include "cc/ops/tree_attention_digits_stage.cuh"
+
+namespace prism {
+namespace digits {
+
+__device__ __forceinline__ void Mma(int32_t (&c)[4], const uint32_t (&a)[4],
+                                    const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The same with A unsigned (the value weights' fixed-point byte planes).
+__device__ __forceinline__ void MmaU8(int32_t (&c)[4], const uint32_t (&a)[4],
+                                      const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ uint32_t Ld32(const int8_t* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// Over the 4 threads of a quad (the 4 holders of one MMA row).
+__device__ __forceinline__ float QuadMax(float v) {
+  v = fmaxf(v, __shfl_xor_sync(kFullMask, v, 1));
+  return fmaxf(v, __shfl_xor_sync(kFullMask, v, 2));
+}
+__device__ __forceinline__ int32_t QuadSum(int32_t v) {
+  v += __shfl_xor_sync(kFullMask, v, 1);
+  return v + __shfl_xor_sync(kFullMask, v, 2);
+}
+
+// One warp's running state: acc[n-block][fragment] for rows g (fragments 0, 1) and g + 8
+// (2, 3) of its 16, channels 8 nb + 2 t + (i & 1); m and l per row.
+template <int kH>
+struct WarpState {
+  float acc[kH / 8][4];
+  float m[2], l[2];
+};
+
+// The warp's score tile: s[nb][i] for row (i < 2 ? g : g + 8), key 8 nb + 2 t + (i & 1).
+template <int kH>
+__device__ __forceinline__ void Scores(const Smem<kH>& sm, int warp, float scale,
+                                       float (&s)[kAttnTile / 8][4]) {
+  constexpr int kB = Smem<kH>::kRowBytes;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize, g = lane / 4, t = lane % 4;
+  const int r0 = 16 * warp + g;
+#pragma unroll
+  for (int nb = 0; nb < kAttnTile / 8; ++nb) {
+    int32_t c11[4] = {}, c12[4] = {}, c21[4] = {};
+#pragma unroll
+    for (int ks = 0; ks < kH / 32; ++ks) {
+      const int qa = r0 * kB + 32 * ks + 4 * t, qb = (r0 + 8) * kB + 32 * ks + 4 * t;
+      const uint32_t a1[4] = {Ld32(sm.q1 + qa), Ld32(sm.q1 + qb), Ld32(sm.q1 + qa + 16),
+                              Ld32(sm.q1 + qb + 16)};
+      const uint32_t a2[4] = {Ld32(sm.q2 + qa), Ld32(sm.q2 + qb), Ld32(sm.q2 + qa + 16),
+                              Ld32(sm.q2 + qb + 16)};
+      const int kb = (8 * nb + g) * kB + 32 * ks + 4 * t;
+      const uint32_t b1[2] = {Ld32(sm.k1 + kb), Ld32(sm.k1 + kb + 16)};
+      const uint32_t b2[2] = {Ld32(sm.k2 + kb), Ld32(sm.k2 + kb + 16)};
+      Mma(c11, a1, b1);
+      Mma(c12, a1, b2);
+      Mma(c21, a2, b1);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = i < 2 ? r0 : r0 + 8, key = 8 * nb + 2 * t + (i & 1);
+      s[nb][i] = DigitScore(c11[i], c12[i], c21[i], sm.qs1[r], sm.qs2[r], sm.ks1[key],
+                            sm.ks2[key], scale);
+    }
+  }
+}
+
+// Per-row facts of the warp's two rows for one pass.
+struct RowPass {
+  int64_t pos[2];
+  bool active[2];
+};
+
+// A-fragment register `reg` of 32-key half `half` (PermutedKey's order) from per-element
+// values: row g (reg even) or g + 8, keys 8 n0 + 2 t + {0, 1} and 8 (n0 + 1) + 2 t + {0, 1}.
+template <typename CodeFn>
+__device__ __forceinline__ void FragmentCodes(int half, int reg, CodeFn code, int32_t (&c)[4]) {
+  const int n0 = 4 * half + 2 * (reg / 2), i0 = 2 * (reg % 2);
+  c[0] = code(n0, i0), c[1] = code(n0, i0 + 1), c[2] = code(n0 + 1, i0), c[3] = code(n0 + 1, i0 + 1);
+}
+// Byte plane `plane` (0: lowest) of four non-negative fixed-point weights, one u8 each.
+__device__ __forceinline__ uint32_t BytePlane(const int32_t (&c)[4], int plane) {
+  uint32_t r = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) r |= ((static_cast<uint32_t>(c[i]) >> (8 * plane)) & 0xffu) << (8 * i);
+  return r;
+}
+
+// The value weights of attention_digits.h step 3 from the tile's exponentials e (0 for
+// invisible keys): W1 (24 bits) and W2 (16) as byte planes in the PV MMAs' A fragments
+// [plane][half][reg], with their scales per row (h = 0: row g, 1: row g + 8).
+struct Weights {
+  uint32_t f1[3][2][4], f2[2][2][4];
+  float scale1[2], scale2[2];
+};
+
+// vis: bit 4 nb + i set for visible keys. Invisible keys get exact zero weights, whatever their
+// (never written, perhaps garbage) scales hold.
+template <int kH>
+__device__ __forceinline__ void WeightDigits(const Smem<kH>& sm, const float (&e)[kAttnTile / 8][4],
+                                             uint32_t vis, Weights& w) {
+  const int t = static_cast<int>(threadIdx.x) % 4;
+  auto key_of = [t](int nb, int i) { return 8 * nb + 2 * t + (i & 1); };
+  auto seen = [vis](int nb, int i) { return ((vis >> (4 * nb + i)) & 1u) != 0; };
+  float w1max[2] = {0.0f, 0.0f}, w2max[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int nb = 0; nb < kAttnTile / 8; ++nb) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (!seen(nb, i)) continue;
+      w1max[i / 2] = fmaxf(w1max[i / 2], RnMul(e[nb][i], sm.vs1[key_of(nb, i)]));
+      w2max[i / 2] = fmaxf(w2max[i / 2], RnMul(e[nb][i], sm.vs2[key_of(nb, i)]));
+    }
+  }
+  FixedWeights f1[2], f2[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    f1[h] = FixedWeightsOf(QuadMax(w1max[h]), kW1Max);
+    f2[h] = FixedWeightsOf(QuadMax(w2max[h]), kW2Max);
+    w.scale1[h] = f1[h].scale, w.scale2[h] = f2[h].scale;
+  }
+  auto code1 = [&](int nb, int i) {
+    return seen(nb, i) ? FixedWeight(RnMul(e[nb][i], sm.vs1[key_of(nb, i)]), f1[i / 2], kW1Max)
+                       : 0;
+  };
+  auto code2 = [&](int nb, int i) {
+    return seen(nb, i) ? FixedWeight(RnMul(e[nb][i], sm.vs2[key_of(nb, i)]), f2[i / 2], kW2Max)
+                       : 0;
+  };
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int reg = 0; reg < 4; ++reg) {
+      int32_t c[4];
+      FragmentCodes(half, reg, code1, c);
+#pragma unroll
+      for (int p = 0; p < 3; ++p) w.f1[p][half][reg] = BytePlane(c, p);
+      FragmentCodes(half, reg, code2, c);
+#pragma unroll
+      for (int p = 0; p < 2; ++p) w.f2[p][half][reg] = BytePlane(c, p);
+    }
+  }
+}
+
+// Scores s (in place: their exponentials) -> tile partial -> merged into the running state
+// (attention_digits.h steps 3-4) for the warp's two rows per thread.
+template <int kH>
+__device__ __forceinline__ void TileUpdate(const Smem<kH>& sm, int64_t tile, int32_t window,
+                                           const RowPass& rp, float (&s)[kAttnTile / 8][4],
+                                           WarpState<kH>& st) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize, g = lane / 4, t = lane % 4;
+  uint32_t vis = 0;  // bit 4 nb + i: key 8 nb + 2 t + (i & 1) visible to row i / 2
+  float mt[2] = {NegInf(), NegInf()};
+  int any[2] = {0, 0};
+#pragma unroll
+  for (int nb = 0; nb < kAttnTile / 8; ++nb) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int h = i / 2, key = 8 * nb + 2 * t + (i & 1);
+      if (rp.active[h] && sm.krow[key] >= 0 &&
+          KeyVisible(tile * kAttnTile + key, rp.pos[h], window)) {
+        vis |= 1u << (4 * nb + i);
+        mt[h] = any[h] ? fmaxf(mt[h], s[nb][i]) : s[nb][i];
+        any[h] = 1;
+      }
+    }
+  }
+  bool has[2];
+  int32_t fixed[2] = {0, 0};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) has[h] = QuadSum(any[h]) > 0, mt[h] = QuadMax(mt[h]);
+#pragma unroll
+  for (int nb = 0; nb < kAttnTile / 8; ++nb) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const bool v = (vis >> (4 * nb + i)) & 1u;
+      s[nb][i] = v ? DigitExp(RnSub(s[nb][i], mt[i / 2])) : 0.0f;
+      fixed[i / 2] += FixedE(s[nb][i]);
+    }
+  }
+  Weights w;
+  WeightDigits<kH>(sm, s, vis, w);
+  float ka[2], kb[2];
+  bool first[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // merge factors (tree_attention.h): the first tile is copied
+    const float lt = FixedESum(QuadSum(fixed[h]));
+    first[h] = st.l[h] == 0.0f;
+    const DigitMerge mw = DigitMergeFactors(st.m[h], mt[h]);
+    ka[h] = mw.a, kb[h] = mw.b;
+    if (has[h]) {
+      st.l[h] = first[h] ? lt : DigitMerged(st.l[h], mw.a, lt, mw.b);
+      st.m[h] = first[h] ? mt[h] : mw.m;
+    }
+  }
+  constexpr int kVB = Smem<kH>::kVRowBytes;
+#pragma unroll
+  for (int nb = 0; nb < kH / 8; ++nb) {
+    int32_t j1[3][4] = {}, j2[2][4] = {};  // byte planes' exact sums
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int vb = (8 * nb + g) * kVB + 32 * half + 4 * t;
+      const uint32_t b1[2] = {Ld32(sm.v1 + vb), Ld32(sm.v1 + vb + 16)};
+      const uint32_t b2[2] = {Ld32(sm.v2 + vb), Ld32(sm.v2 + vb + 16)};
+#pragma unroll
+      for (int p = 0; p < 3; ++p) MmaU8(j1[p], w.f1[p][half], b1);
+#pragma unroll
+      for (int p = 0; p < 2; ++p) MmaU8(j2[p], w.f2[p][half], b2);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int h = i / 2;
+      if (!has[h]) continue;
+      const int64_t a = j1[2][i] * 65536LL + j1[1][i] * 256LL + j1[0][i];
+      const int64_t b = j2[1][i] * 256LL + j2[0][i];
+      const float acct = DigitAcc(a, b, w.scale1[h], w.scale2[h]);
+      st.acc[nb][i] = first[h] ? acct : DigitMerged(st.acc[nb][i], ka[h], acct, kb[h]);
+    }
+  }
+}
+
+}  // namespace digits
+}  // namespace prism
