@@ -74,12 +74,12 @@ PRISM_HD float RnSub(float a, float b) {
 
 // exp(x) for x <= 0 (what softmax needs): 2^n * p(f) with t = x * log2(e), n = rint(t),
 // f = t - n in [-1/2, 1/2] (exact), p the degree-7 Taylor polynomial of 2^f in Horner form
-// (relative error < 2e-7), 2^n from exponent bits. 0 below 2^-125; NaN stays NaN.
+// (relative error < 2e-7), 2^n from exponent bits. 0 below 2^-125; NaN stays NaN. Branch-free
+// (selects at the end; n clamped so that every input converts a defined value): the CUDA
+// kernels call it for every key of a tile, visible or not.
 PRISM_HD float DigitExp(float x) {
-  if (x != x) return x;
   const float t = RnMul(x, 1.44269502162933349609375f);  // log2(e) in float32
   const float n = rintf(t);
-  if (n < -125.0f) return 0.0f;
   const float f = RnSub(t, n);
   float p = 1.5252733804059841e-05f;  // ln(2)^7 / 7!
   p = RnAdd(RnMul(p, f), 1.5403530393381609e-04f);
@@ -89,11 +89,13 @@ PRISM_HD float DigitExp(float x) {
   p = RnAdd(RnMul(p, f), 2.4022650695910071e-01f);
   p = RnAdd(RnMul(p, f), 6.9314718055994531e-01f);
   p = RnAdd(RnMul(p, f), 1.0f);
-  const int32_t e = static_cast<int32_t>(n) + 127;  // n <= 0 here: a normal power of two
+  const float nc = fminf(fmaxf(n, -126.0f), 127.0f);  // NaN -> -126: a normal power of two
+  const int32_t e = static_cast<int32_t>(nc) + 127;
   const uint32_t bits = static_cast<uint32_t>(e) << 23;
   float pow2;
   memcpy(&pow2, &bits, sizeof(pow2));
-  return RnMul(p, pow2);
+  const float r = RnMul(p, pow2);
+  return x != x ? x : (n < -125.0f ? 0.0f : r);
 }
 
 // e in [0, 1] as an integer of 2^-23 units (round half to even): the tile sum lt is an

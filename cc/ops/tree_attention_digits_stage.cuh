@@ -39,6 +39,7 @@ struct Smem {
   float qs1[kRows], qs2[kRows];
   float ks1[kAttnTile], ks2[kAttnTile], vs1[kAttnTile], vs2[kAttnTile];
   int64_t krow[kAttnTile];  // pool row of each tile position, -1: not in the chain
+  uint32_t present[2];      // bit k of the pair: krow[k] >= 0
   int32_t reduce[4];        // pass planning: next chain, first and last tile, last first
 };
 
@@ -173,6 +174,8 @@ __device__ void StageTile(const int8_t* __restrict__ k_pool, const int8_t* __res
     const int32_t* seg = tb.segs + chain * dm.s * kSegFields;
     const int64_t r = KeyRow(seg, dm.s, tb.pages_flat, dm.pt, dm.p, dm.l, tile * kAttnTile + tid);
     sm.krow[tid] = r;
+    const uint32_t here = __ballot_sync(kFullMask, r >= 0);  // tid < 64: two whole warps
+    if (tid % kWarpSize == 0) sm.present[tid / kWarpSize] = here;
     float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (r >= 0) {
       const int8_t* kr = k_pool + (r * dm.k + kvh) * row_bytes + PackedScaleOffset(kH);

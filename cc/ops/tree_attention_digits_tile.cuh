@@ -96,6 +96,19 @@ struct RowPass {
   bool active[2];
 };
 
+// Bit k: tile position k (absolute tile * kAttnTile + k) is in the chain (present) and visible
+// to a query at pos (KeyVisible: k <= pos - base and, with a window, k > pos - window - base);
+// 0 for an inactive row.
+__device__ __forceinline__ uint64_t VisibleKeys(uint64_t present, int64_t tile, int64_t pos,
+                                                int32_t window, bool active) {
+  const int64_t base = tile * kAttnTile, hi = pos - base;
+  const int64_t lo = window > 0 ? pos - window - base : -1;
+  if (!active || hi < 0 || lo >= kAttnTile - 1) return 0;
+  const uint64_t upto = hi >= kAttnTile - 1 ? ~0ull : (2ull << hi) - 1;  // bits 0 .. hi
+  const uint64_t below = lo < 0 ? 0ull : (2ull << lo) - 1;               // bits 0 .. lo
+  return present & upto & ~below;
+}
+
 // A-fragment register `reg` of 32-key half `half` (PermutedKey's order) from per-element
 // values: row g (reg even) or g + 8, keys 8 n0 + 2 t + {0, 1} and 8 (n0 + 1) + 2 t + {0, 1}.
 template <typename CodeFn>
@@ -103,12 +116,19 @@ __device__ __forceinline__ void FragmentCodes(int half, int reg, CodeFn code, in
   const int n0 = 4 * half + 2 * (reg / 2), i0 = 2 * (reg % 2);
   c[0] = code(n0, i0), c[1] = code(n0, i0 + 1), c[2] = code(n0 + 1, i0), c[3] = code(n0 + 1, i0 + 1);
 }
-// Byte plane `plane` (0: lowest) of four non-negative fixed-point weights, one u8 each.
-__device__ __forceinline__ uint32_t BytePlane(const int32_t (&c)[4], int plane) {
-  uint32_t r = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) r |= ((static_cast<uint32_t>(c[i]) >> (8 * plane)) & 0xffu) << (8 * i);
-  return r;
+// Byte planes 0 .. kPlanes - 1 (0: lowest) of four non-negative fixed-point weights, one u8 of
+// each: plane p byte i = byte p of c[i], gathered by byte permutes.
+template <int kPlanes>
+__device__ __forceinline__ void BytePlanes(const int32_t (&c)[4], uint32_t* plane, int stride) {
+  const uint32_t lo01 = __byte_perm(c[0], c[1], 0x5140);  // c0.b0 c1.b0 c0.b1 c1.b1
+  const uint32_t lo23 = __byte_perm(c[2], c[3], 0x5140);
+  plane[0] = __byte_perm(lo01, lo23, 0x5410);
+  plane[stride] = __byte_perm(lo01, lo23, 0x7632);
+  if constexpr (kPlanes > 2) {
+    const uint32_t hi01 = __byte_perm(c[0], c[1], 0x7362);  // c0.b2 c1.b2 c0.b3 c1.b3
+    const uint32_t hi23 = __byte_perm(c[2], c[3], 0x7362);
+    plane[2 * stride] = __byte_perm(hi01, hi23, 0x5410);
+  }
 }
 
 // The value weights of attention_digits.h step 3 from the tile's exponentials e (0 for
@@ -127,14 +147,19 @@ __device__ __forceinline__ void WeightDigits(const Smem<kH>& sm, const float (&e
   const int t = static_cast<int>(threadIdx.x) % 4;
   auto key_of = [t](int nb, int i) { return 8 * nb + 2 * t + (i & 1); };
   auto seen = [vis](int nb, int i) { return ((vis >> (4 * nb + i)) & 1u) != 0; };
-  float w1max[2] = {0.0f, 0.0f}, w2max[2] = {0.0f, 0.0f};
+  auto w1_of = [&](int nb, int i) {
+    return seen(nb, i) ? RnMul(e[nb][i], sm.vs1[key_of(nb, i)]) : 0.0f;
+  };
+  auto w2_of = [&](int nb, int i) {
+    return seen(nb, i) ? RnMul(e[nb][i], sm.vs2[key_of(nb, i)]) : 0.0f;
+  };
+  float w1max[2] = {0.0f, 0.0f}, w2max[2] = {0.0f, 0.0f};  // weights are >= 0
 #pragma unroll
   for (int nb = 0; nb < kAttnTile / 8; ++nb) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      if (!seen(nb, i)) continue;
-      w1max[i / 2] = fmaxf(w1max[i / 2], RnMul(e[nb][i], sm.vs1[key_of(nb, i)]));
-      w2max[i / 2] = fmaxf(w2max[i / 2], RnMul(e[nb][i], sm.vs2[key_of(nb, i)]));
+      w1max[i / 2] = fmaxf(w1max[i / 2], w1_of(nb, i));
+      w2max[i / 2] = fmaxf(w2max[i / 2], w2_of(nb, i));
     }
   }
   FixedWeights f1[2], f2[2];
@@ -145,12 +170,10 @@ __device__ __forceinline__ void WeightDigits(const Smem<kH>& sm, const float (&e
     w.scale1[h] = f1[h].scale, w.scale2[h] = f2[h].scale;
   }
   auto code1 = [&](int nb, int i) {
-    return seen(nb, i) ? FixedWeight(RnMul(e[nb][i], sm.vs1[key_of(nb, i)]), f1[i / 2], kW1Max)
-                       : 0;
+    return seen(nb, i) ? FixedWeight(w1_of(nb, i), f1[i / 2], kW1Max) : 0;
   };
   auto code2 = [&](int nb, int i) {
-    return seen(nb, i) ? FixedWeight(RnMul(e[nb][i], sm.vs2[key_of(nb, i)]), f2[i / 2], kW2Max)
-                       : 0;
+    return seen(nb, i) ? FixedWeight(w2_of(nb, i), f2[i / 2], kW2Max) : 0;
   };
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -158,13 +181,25 @@ __device__ __forceinline__ void WeightDigits(const Smem<kH>& sm, const float (&e
     for (int reg = 0; reg < 4; ++reg) {
       int32_t c[4];
       FragmentCodes(half, reg, code1, c);
-#pragma unroll
-      for (int p = 0; p < 3; ++p) w.f1[p][half][reg] = BytePlane(c, p);
+      BytePlanes<3>(c, &w.f1[0][half][reg], 8);
       FragmentCodes(half, reg, code2, c);
-#pragma unroll
-      for (int p = 0; p < 2; ++p) w.f2[p][half][reg] = BytePlane(c, p);
+      BytePlanes<2>(c, &w.f2[0][half][reg], 8);
     }
   }
+}
+
+// FixedE (attention_digits.h) for e in [0, 1]: rint(e * 2^23) as e * 2^23 + 2^23, whose float
+// bits are 0x4B000000 + the rounded integer (one add in place of rint and a conversion).
+__device__ __forceinline__ int32_t FixedEOfUnit(float e) {
+  return __float_as_int(RnAdd(RnMul(e, kFixedEScale), kFixedEScale)) - 0x4B000000;
+}
+
+// float(a) for a = c * 2^8 + j0 (|c| < 2^30, |j0| < 2^21), rounded once to nearest as
+// static_cast<float>(int64_t) would: a = (c >> 6) 2^14 + ((c & 63) 2^8 + j0), two exact floats
+// (< 2^24 and < 2^22 in magnitude), and their sum rounds once.
+__device__ __forceinline__ float Int38ToFloat(int32_t c, int32_t j0) {
+  const float hi = RnMul(static_cast<float>(c >> 6), 16384.0f);
+  return RnAdd(hi, static_cast<float>((c & 63) * 256 + j0));
 }
 
 // Scores s (in place: their exponentials) -> tile partial -> merged into the running state
@@ -174,33 +209,36 @@ __device__ __forceinline__ void TileUpdate(const Smem<kH>& sm, int64_t tile, int
                                            const RowPass& rp, float (&s)[kAttnTile / 8][4],
                                            WarpState<kH>& st) {
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize, g = lane / 4, t = lane % 4;
+  const uint64_t present = static_cast<uint64_t>(sm.present[1]) << 32 | sm.present[0];
+  uint64_t keys[2];  // the row's visible keys, shifted to this thread's: bit 8 nb + (i & 1)
+  bool has[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    keys[h] = VisibleKeys(present, tile, rp.pos[h], window, rp.active[h]);
+    has[h] = keys[h] != 0;
+    keys[h] >>= 2 * t;
+  }
   uint32_t vis = 0;  // bit 4 nb + i: key 8 nb + 2 t + (i & 1) visible to row i / 2
   float mt[2] = {NegInf(), NegInf()};
-  int any[2] = {0, 0};
 #pragma unroll
   for (int nb = 0; nb < kAttnTile / 8; ++nb) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int h = i / 2, key = 8 * nb + 2 * t + (i & 1);
-      if (rp.active[h] && sm.krow[key] >= 0 &&
-          KeyVisible(tile * kAttnTile + key, rp.pos[h], window)) {
-        vis |= 1u << (4 * nb + i);
-        mt[h] = any[h] ? fmaxf(mt[h], s[nb][i]) : s[nb][i];
-        any[h] = 1;
-      }
+      const bool v = ((keys[i / 2] >> (8 * nb + (i & 1))) & 1u) != 0;
+      vis |= static_cast<uint32_t>(v) << (4 * nb + i);
+      mt[i / 2] = fmaxf(mt[i / 2], v ? s[nb][i] : NegInf());
     }
   }
-  bool has[2];
   int32_t fixed[2] = {0, 0};
 #pragma unroll
-  for (int h = 0; h < 2; ++h) has[h] = QuadSum(any[h]) > 0, mt[h] = QuadMax(mt[h]);
+  for (int h = 0; h < 2; ++h) mt[h] = QuadMax(mt[h]);
 #pragma unroll
   for (int nb = 0; nb < kAttnTile / 8; ++nb) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const bool v = (vis >> (4 * nb + i)) & 1u;
-      s[nb][i] = v ? DigitExp(RnSub(s[nb][i], mt[i / 2])) : 0.0f;
-      fixed[i / 2] += FixedE(s[nb][i]);
+    for (int i = 0; i < 4; ++i) {  // DigitExp(-inf) = 0: invisible keys, without a branch
+      const bool v = ((vis >> (4 * nb + i)) & 1u) != 0;
+      s[nb][i] = DigitExp(v ? RnSub(s[nb][i], mt[i / 2]) : NegInf());
+      fixed[i / 2] += FixedEOfUnit(s[nb][i]);
     }
   }
   Weights w;
@@ -236,9 +274,9 @@ __device__ __forceinline__ void TileUpdate(const Smem<kH>& sm, int64_t tile, int
     for (int i = 0; i < 4; ++i) {
       const int h = i / 2;
       if (!has[h]) continue;
-      const int64_t a = j1[2][i] * 65536LL + j1[1][i] * 256LL + j1[0][i];
-      const int64_t b = j2[1][i] * 256LL + j2[0][i];
-      const float acct = DigitAcc(a, b, w.scale1[h], w.scale2[h]);
+      const float a = Int38ToFloat(j1[2][i] * 256 + j1[1][i], j1[0][i]);  // float(J1)
+      const float b = static_cast<float>(j2[1][i] * 256 + j2[0][i]);      // float(J2), exact int32
+      const float acct = RnAdd(RnMul(a, w.scale1[h]), RnMul(b, w.scale2[h]));  // DigitAcc
       st.acc[nb][i] = first[h] ? acct : DigitMerged(st.acc[nb][i], ka[h], acct, kb[h]);
     }
   }
