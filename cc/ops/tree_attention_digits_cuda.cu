@@ -41,36 +41,50 @@ namespace {
 
 using namespace digits;  // NOLINT: this handler's own building blocks
 
-// The step's k/v rows cut into digits and packed into pool row slot[t] (attention_digits.h),
-// a warp per (token, kv head, k or v) row, lane l holding elements kE l .. kE l + kE - 1.
+// One row of kH elements cut into digits and packed (attention_digits.h) at dst, by a warp:
+// lane l holds elements kE l .. kE l + kE - 1 (a row's digits depend only on the row).
+template <typename T, int kH>
+__device__ __forceinline__ void PackRow(const T* __restrict__ src, int8_t* __restrict__ dst) {
+  constexpr int kE = kH / kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  float x[1][kE];
+#pragma unroll
+  for (int e = 0; e < kE; ++e) x[0][e] = ToF32(src[kE * lane + e]);
+  int8_t c1[1][kE], c2[1][kE];
+  float s1[1], s2[1];
+  RowDigits(x, c1, c2, s1, s2);
+#pragma unroll
+  for (int e = 0; e < kE; ++e) dst[kE * lane + e] = c1[0][e], dst[kH + kE * lane + e] = c2[0][e];
+  if (lane == 0) {
+    const float4 tail = make_float4(s1[0], s2[0], 0.0f, 0.0f);  // the scales, then 8 zeros
+    *reinterpret_cast<float4*>(dst + PackedScaleOffset(kH)) = tail;
+  }
+}
+
+// The step's k/v rows cut into digits and packed into pool row slot[t], a warp per (token,
+// kv head, k or v) row; then, for the split (q_packed not null), every (token, head) query row
+// packed into q_packed [T * N] once, so that the split's blocks copy them.
 template <typename T, int kH>
 __global__ void __launch_bounds__(kThreads)
     DigitWriteKernel(const T* __restrict__ k_new, const T* __restrict__ v_new,
-                     const int32_t* __restrict__ slot, Dims dm, int8_t* __restrict__ k_pool,
-                     int8_t* __restrict__ v_pool) {
-  constexpr int kE = kH / kWarpSize;
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const int64_t rows = dm.t * dm.k * 2, row_bytes = PackedRowBytes(kH);
+                     const T* __restrict__ q, const int32_t* __restrict__ slot, Dims dm,
+                     int8_t* __restrict__ k_pool, int8_t* __restrict__ v_pool,
+                     int8_t* __restrict__ q_packed) {
+  const int64_t kv_rows = dm.t * dm.k * 2, row_bytes = PackedRowBytes(kH);
+  const int64_t rows = kv_rows + (q_packed == nullptr ? 0 : dm.t * dm.n);
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * (kThreads / kWarpSize);
-  for (int64_t w = first; w < rows; w += stride) {
+  for (int64_t w = first; w < rows; w += stride) {  // every branch below is uniform per warp
+    if (w >= kv_rows) {
+      PackRow<T, kH>(q + (w - kv_rows) * kH, q_packed + (w - kv_rows) * row_bytes);
+      continue;
+    }
     const int64_t t = w / (2 * dm.k), kvh = (w / 2) % dm.k;
     const int64_t sl = slot[t];
-    if (sl < 0 || sl >= dm.p * dm.l) continue;  // uniform per warp
-    const T* src = ((w % 2) == 0 ? k_new : v_new) + (t * dm.k + kvh) * kH + kE * lane;
-    float x[1][kE];
-#pragma unroll
-    for (int e = 0; e < kE; ++e) x[0][e] = ToF32(src[e]);
-    int8_t c1[1][kE], c2[1][kE];
-    float s1[1], s2[1];
-    RowDigits(x, c1, c2, s1, s2);
-    int8_t* dst = ((w % 2) == 0 ? k_pool : v_pool) + (sl * dm.k + kvh) * row_bytes;
-#pragma unroll
-    for (int e = 0; e < kE; ++e) dst[kE * lane + e] = c1[0][e], dst[kH + kE * lane + e] = c2[0][e];
-    if (lane == 0) {
-      const float4 tail = make_float4(s1[0], s2[0], 0.0f, 0.0f);  // the scales, then 8 zeros
-      *reinterpret_cast<float4*>(dst + PackedScaleOffset(kH)) = tail;
-    }
+    if (sl < 0 || sl >= dm.p * dm.l) continue;
+    const int64_t at = (t * dm.k + kvh) * kH, to = (sl * dm.k + kvh) * row_bytes;
+    if (w % 2 == 0) PackRow<T, kH>(k_new + at, k_pool + to);
+    else PackRow<T, kH>(v_new + at, v_pool + to);
   }
 }
 
@@ -188,7 +202,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     const bool warp_active = __any_sync(kFullMask, rp.active[0] || rp.active[1]);
     const TileWalk walk = WalkOf<kMode>(pr, sp);
     for (int64_t tile = walk.lo; tile <= walk.hi; tile += walk.step) {
-      if (!staged) StageQueries<kH>(q, dm, t0, kvh, sm), staged = true;  // block-uniform
+      if (!staged) {  // block-uniform
+        if (sp.q_packed != nullptr) StagePackedQueries<kH>(sp.q_packed, dm, t0, kvh, sm);
+        else StageQueries<kH>(q, dm, t0, kvh, sm);
+        staged = true;
+      }
       StageTile<kH>(k_pool, v_pool, dm, tb, pr.chain, kvh, tile, sm);
       __syncthreads();
       if (warp_active) {
@@ -270,39 +288,47 @@ ffi::Error LaunchSplit(cudaStream_t stream, const T* q, const int8_t* k_pool,
 }
 
 template <typename T, int kH>
-ffi::Error LaunchWrite(cudaStream_t stream, const T* k_new, const T* v_new, const Dims& dm,
-                       const int32_t* slot, int8_t* k_pool, int8_t* v_pool) {
-  const int64_t warps = dm.t * dm.k * 2;
+ffi::Error LaunchWrite(cudaStream_t stream, const T* k_new, const T* v_new, const T* q,
+                       const Dims& dm, const int32_t* slot, int8_t* k_pool, int8_t* v_pool,
+                       int8_t* q_packed) {
+  const int64_t warps = dm.t * dm.k * 2 + (q_packed == nullptr ? 0 : dm.t * dm.n);
   if (warps == 0) return ffi::Error::Success();
   const int64_t blocks = std::min<int64_t>(CeilDiv(warps, kThreads / kWarpSize), 4096);
   DigitWriteKernel<T, kH><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      k_new, v_new, slot, dm, k_pool, v_pool);
+      k_new, v_new, q, slot, dm, k_pool, v_pool, q_packed);
   return LaunchStatus("prism_tree_attention_digits");
 }
 
-// The workspace's record slots per round (0: no room for a round, so no split).
+// The split's workspace (tree_attention_digits_split.cuh): its record slots per round (0: no
+// room for a round, so no split) and where its packed query rows start.
 template <int kH>
-int64_t SplitSlots(const Dims& dm, int64_t workspace_floats) {
+Split SplitOf(const Dims& dm, float* ws, int64_t ws_floats) {
   const int64_t per_slot = dm.t * dm.n * Record<kH>();
-  return per_slot == 0 ? 0 : std::max<int64_t>(workspace_floats / per_slot - 1, 0);
+  const int64_t q_floats = QueryFloats(dm.t * dm.n, kH);
+  const int64_t slots = per_slot == 0 || ws_floats < q_floats
+                            ? 0 : std::max<int64_t>((ws_floats - q_floats) / per_slot - 1, 0);
+  int8_t* q_packed = reinterpret_cast<int8_t*>(ws + per_slot * (1 + slots));
+  return Split{ws, slots, 0, 0, 1, slots > 0 ? q_packed : nullptr};
 }
 
 template <typename T, int kH>
 ffi::Error LaunchBoth(cudaStream_t stream, const T* q, const T* k_new, const T* v_new,
                       const Dims& dm, const Tables& tb, float scale, int32_t window, T* out,
                       int8_t* k_pool, int8_t* v_pool, float* ws, int64_t ws_floats) {
-  // First the writes, then (same stream) the reads.
-  if (auto e = LaunchWrite<T, kH>(stream, k_new, v_new, dm, tb.slot, k_pool, v_pool);
-      e.failure()) {
-    return e;
-  }
   const std::string forced = ForcedDigitsKernel();
-  const Split sp{ws, SplitSlots<kH>(dm, ws_floats), 0, 0, 1};
-  const bool split = sp.slots > 0 && forced != "fused" &&
-                     (dm.t <= kSplitMaxTokens || forced == "split");
+  Split sp = SplitOf<kH>(dm, ws, ws_floats);
   PRISM_REQUIRE(forced != "split" || sp.slots > 0,
                 "prism_tree_attention_digits: PRISM_TREE_ATTENTION_DIGITS_KERNEL=split, but the "
                 "workspace holds no round (call it through prism_jax.ops.tree_attention_digits)");
+  const bool split = sp.slots > 0 && forced != "fused" &&
+                     (dm.t <= kSplitMaxTokens || forced == "split");
+  if (!split) sp.q_packed = nullptr;
+  // First the writes (and the split's packed queries), then (same stream) the reads.
+  if (auto e = LaunchWrite<T, kH>(stream, k_new, v_new, q, dm, tb.slot, k_pool, v_pool,
+                                  sp.q_packed);
+      e.failure()) {
+    return e;
+  }
   if (split) return LaunchSplit<T, kH>(stream, q, k_pool, v_pool, dm, tb, scale, window, sp, out);
   return LaunchAttend<T, kH, Mode::kFused>(stream, q, k_pool, v_pool, dm, tb, scale, window, sp,
                                            out);

@@ -17,7 +17,8 @@
 //
 // Workspace (an f32 result of the call, sized by prism_jax/ops/tree_attention_digits.py):
 // the running state [T * N][kRecord] kept between rounds, then one round's records
-// [slots][T * N][kRecord]. A record is acc [H] (channel d at d), m, l (l = 0: no visible key
+// [slots][T * N][kRecord], then the step's query rows as packed digit rows [T * N][2H + 16]
+// bytes (cut once by DigitWriteKernel; pass 1's blocks copy them, StagePackedQueries). A record is acc [H] (channel d at d), m, l (l = 0: no visible key
 // in the tile, skip it), 2 floats of padding. Records are read only where written in the same
 // round, so nothing is cleared. Included by tree_attention_digits_cuda.cu only.
 #pragma once
@@ -51,7 +52,11 @@ struct Split {
   float* ws;
   int64_t slots, base, covered;
   int splits;
+  int8_t* q_packed;  // the step's query rows as packed digit rows [T * N], or null
 };
+
+// f32 elements of the packed query rows at the workspace's end (rows of 2H + 16 bytes).
+inline int64_t QueryFloats(int64_t rows, int64_t h) { return rows * PackedRowBytes(h) / 4; }
 
 // Tiles row (pos) sees: FirstTile .. LastTile (tree_attention.h), none for pos < 0.
 __device__ __forceinline__ int64_t TilesSeen(int64_t pos, int32_t window) {

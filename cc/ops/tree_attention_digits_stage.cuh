@@ -150,6 +150,34 @@ __device__ void StageQueries(const T* __restrict__ q, const Dims& dm, int64_t t0
   }
 }
 
+// The same from packed query rows [T * N][2H + 16] (the split: cut once per step, copied by
+// every block), 16-byte copies; absent rows as zero codes and scales, as StageQueries.
+template <int kH>
+__device__ void StagePackedQueries(const int8_t* __restrict__ q_packed, const Dims& dm,
+                                   int64_t t0, int kvh, Smem<kH>& sm) {
+  constexpr int kB = Smem<kH>::kRowBytes, kChunks = 2 * kH / 16;
+  const int64_t row_bytes = PackedRowBytes(kH);
+  const int tid = static_cast<int>(threadIdx.x);
+  auto row_of = [&](int r) -> const int8_t* {
+    const RowPlace pl = PlaceOf(r, t0, dm, kvh);
+    return pl.token < 0 ? nullptr : q_packed + (pl.token * dm.n + pl.head) * row_bytes;
+  };
+  for (int i = tid; i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const int8_t* row = row_of(r);
+    const uint4 v = row == nullptr ? make_uint4(0, 0, 0, 0)
+                                   : *reinterpret_cast<const uint4*>(row + 16 * c);
+    int8_t* dst = (c < kChunks / 2 ? sm.q1 : sm.q2) + r * kB + 16 * (c % (kChunks / 2));
+    *reinterpret_cast<uint4*>(dst) = v;
+  }
+  if (tid < kRows) {
+    const int8_t* row = row_of(tid);
+    const float2 sc = row == nullptr ? make_float2(0.0f, 0.0f)
+                                     : *reinterpret_cast<const float2*>(row + PackedScaleOffset(kH));
+    sm.qs1[tid] = sc.x, sm.qs2[tid] = sc.y;
+  }
+}
+
 // 16 bytes of a packed row, or zeros for an absent one.
 __device__ __forceinline__ uint4 Load16(const int8_t* __restrict__ row, int offset) {
   return row == nullptr ? make_uint4(0, 0, 0, 0)

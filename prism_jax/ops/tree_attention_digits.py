@@ -59,7 +59,8 @@ SLOTS_ENV = "PRISM_TREE_ATTENTION_DIGITS_SLOTS"  # cap on a round's tiles (tests
 def digits_split_workspace_floats(q_shape, pool_shape) -> int:
     """f32 elements of the CUDA split's workspace for q [T, N, H] on pools [P, L, K, 2H + 16]:
     the running state and one record per (token, head) and key tile, for as many tiles as the
-    pool holds within the budget (more take several rounds); 1 (no split) for steps above
+    pool holds within the budget (more take several rounds), then the step's query rows as
+    packed digit rows; 1 (no split) for steps above
     DIGITS_SPLIT_MAX_TOKENS tokens unless PRISM_TREE_ATTENTION_DIGITS_KERNEL=split."""
     t, n, h = q_shape
     forced = os.environ.get(KERNEL_ENV, "")
@@ -70,7 +71,7 @@ def digits_split_workspace_floats(q_shape, pool_shape) -> int:
     slots = min(slots, max(1, DIGITS_SPLIT_BUDGET_BYTES // (4 * record) - 1))
     if os.environ.get(SLOTS_ENV):
         slots = min(slots, max(1, int(os.environ[SLOTS_ENV])))
-    return record * (1 + slots)
+    return record * (1 + slots) + t * n * packed_row_bytes(h) // 4  # + the packed query rows
 
 
 def packed_row_bytes(h: int) -> int:

@@ -101,7 +101,9 @@ def test_dense_causal_float64(device, rng):
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     ref = np.einsum("nts,snh->tnh", p, np.repeat(v, g, axis=1))
-    np.testing.assert_allclose(out, ref, atol=3e-4)
+    # Over 12 seeds the largest error was 2.0e-4 to 3.4e-4 (3e-4 failed once): 6e-4 leaves room
+    # and still fails a bf16 attention (~4e-3 here) or a wrong tile merge.
+    np.testing.assert_allclose(out, ref, atol=6e-4)
 
 
 @pytest.mark.parametrize("nh,kh,h", [(8, 4, 128), (4, 1, 256), (9, 3, 64), (14, 2, 64)])
@@ -177,10 +179,10 @@ def test_split_workspace_size(monkeypatch):
     """State + one record per (token, head) and pool tile; capped rounds; none for big steps."""
     monkeypatch.delenv(KERNEL_ENV, raising=False)
     monkeypatch.delenv(SLOTS_ENV, raising=False)
-    record = 64 * 32 * (128 + 4)
-    assert digits_split_workspace_floats((64, 32, 128), (320, 16, 16, 272)) == record * 81
+    record, queries = 64 * 32 * (128 + 4), 64 * 32 * 272 // 4
+    assert digits_split_workspace_floats((64, 32, 128), (320, 16, 16, 272)) == record * 81 + queries
     monkeypatch.setenv(SLOTS_ENV, "3")
-    assert digits_split_workspace_floats((64, 32, 128), (320, 16, 16, 272)) == record * 4
+    assert digits_split_workspace_floats((64, 32, 128), (320, 16, 16, 272)) == record * 4 + queries
     assert digits_split_workspace_floats((2048, 32, 128), (320, 16, 16, 272)) == 1
     monkeypatch.setenv(KERNEL_ENV, "fused")
     assert digits_split_workspace_floats((64, 32, 128), (320, 16, 16, 272)) == 1
