@@ -170,8 +170,12 @@ __device__ __forceinline__ void WriteOut(const WarpState<kH>& st, const RowPlace
   }
 }
 
+// Pass 1 keeps no accumulators across tiles: a third block fits an SM's registers.
+template <Mode kMode>
+constexpr int kBlocksPerSmOf = kMode == Mode::kPartial ? kBlocksPerSm + 1 : kBlocksPerSm;
+
 template <typename T, int kH, Mode kMode>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+__global__ void __launch_bounds__(kThreads, kBlocksPerSmOf<kMode>)
     DigitAttendKernel(const T* __restrict__ q, const int8_t* __restrict__ k_pool,
                       const int8_t* __restrict__ v_pool, Dims dm, Tables tb, float scale,
                       int32_t window, Split sp, T* __restrict__ out) {
@@ -210,11 +214,18 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       StageTile<kH>(k_pool, v_pool, dm, tb, pr.chain, kvh, tile, sm);
       __syncthreads();
       if (warp_active) {
-        if constexpr (kMode == Mode::kPartial) st.l[0] = st.l[1] = 0.0f;  // a tile's own partial
         float s[kAttnTile / 8][4];
         Scores<kH>(sm, warp, scale, s);
-        TileUpdate<kH>(sm, tile, window, rp, s, st);
-        if constexpr (kMode == Mode::kPartial) WriteRecords(st, rp, mine, tile, window, dm, sp);
+        if constexpr (kMode == Mode::kPartial) {  // a tile's own partial, to its records
+          st.l[0] = st.l[1] = 0.0f;
+          float* rec[2];
+          RecordsOf<kH>(rp, mine, tile, window, dm, sp, rec);
+          TileUpdate<kH, true>(sm, tile, window, rp, s, st, rec);
+          WriteTails(st, rec);
+        } else {
+          float* const none[2] = {nullptr, nullptr};
+          TileUpdate<kH, false>(sm, tile, window, rp, s, st, none);
+        }
       }
       __syncthreads();  // the next tile overwrites the codes
     }

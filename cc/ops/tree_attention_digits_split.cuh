@@ -63,25 +63,28 @@ __device__ __forceinline__ int64_t TilesSeen(int64_t pos, int32_t window) {
   return pos < 0 ? 0 : LastTile(pos) - FirstTile(pos, window) + 1;
 }
 
-// The warp's tile partials (st after TileUpdate from a cleared l) as records of slot
-// tile - FirstTile(row) - base, for its active rows inside this round.
+// The records of the warp's two rows for this tile: slot tile - FirstTile(row) - base of this
+// round, or null for a row that is inactive or outside the round.
 template <int kH>
-__device__ __forceinline__ void WriteRecords(const WarpState<kH>& st, const RowPass& rp,
-                                             const RowPlace (&mine)[2], int64_t tile,
-                                             int32_t window, const Dims& dm, const Split& sp) {
-  const int t = static_cast<int>(threadIdx.x) % 4;
+__device__ __forceinline__ void RecordsOf(const RowPass& rp, const RowPlace (&mine)[2],
+                                          int64_t tile, int32_t window, const Dims& dm,
+                                          const Split& sp, float* (&rec)[2]) {
   const int64_t rows = dm.t * dm.n;
   for (int h = 0; h < 2; ++h) {
-    if (!rp.active[h] || tile > LastTile(rp.pos[h])) continue;
     const int64_t slot = tile - FirstTile(rp.pos[h], window) - sp.base;
-    if (slot < 0 || slot >= sp.slots) continue;
-    float* rec = sp.ws + ((1 + slot) * rows + mine[h].token * dm.n + mine[h].head) * Record<kH>();
-#pragma unroll
-    for (int nb = 0; nb < kH / 8; ++nb) {
-      *reinterpret_cast<float2*>(rec + 8 * nb + 2 * t) =
-          make_float2(st.acc[nb][2 * h], st.acc[nb][2 * h + 1]);
-    }
-    if (t == 0) *reinterpret_cast<float2*>(rec + kH) = make_float2(st.m[h], st.l[h]);
+    const bool inside = rp.active[h] && tile <= LastTile(rp.pos[h]) && slot >= 0 && slot < sp.slots;
+    rec[h] = inside ? sp.ws + ((1 + slot) * rows + mine[h].token * dm.n + mine[h].head) *
+                                  Record<kH>()
+                    : nullptr;
+  }
+}
+
+// A record's tail after TileUpdate<kPartial> wrote its acct: m, l (l = 0: no visible key).
+template <int kH>
+__device__ __forceinline__ void WriteTails(const WarpState<kH>& st, float* const (&rec)[2]) {
+  if (threadIdx.x % 4 != 0) return;
+  for (int h = 0; h < 2; ++h) {
+    if (rec[h] != nullptr) *reinterpret_cast<float2*>(rec[h] + kH) = make_float2(st.m[h], st.l[h]);
   }
 }
 

@@ -204,10 +204,13 @@ __device__ __forceinline__ float Int38ToFloat(int32_t c, int32_t j0) {
 
 // Scores s (in place: their exponentials) -> tile partial -> merged into the running state
 // (attention_digits.h steps 3-4) for the warp's two rows per thread.
-template <int kH>
+// kPartial (the split's pass 1, l cleared before): the tile partial's acct goes straight to the
+// rows' records rec[h] (null: not written this round) instead of a merge, so no accumulator
+// stays live across the loop.
+template <int kH, bool kPartial>
 __device__ __forceinline__ void TileUpdate(const Smem<kH>& sm, int64_t tile, int32_t window,
                                            const RowPass& rp, float (&s)[kAttnTile / 8][4],
-                                           WarpState<kH>& st) {
+                                           WarpState<kH>& st, float* const (&rec)[2]) {
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize, g = lane / 4, t = lane % 4;
   const uint64_t present = static_cast<uint64_t>(sm.present[1]) << 32 | sm.present[0];
   uint64_t keys[2];  // the row's visible keys, shifted to this thread's: bit 8 nb + (i & 1)
@@ -270,14 +273,24 @@ __device__ __forceinline__ void TileUpdate(const Smem<kH>& sm, int64_t tile, int
 #pragma unroll
       for (int p = 0; p < 2; ++p) MmaU8(j2[p], w.f2[p][half], b2);
     }
+    float acct[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int h = i / 2;
       if (!has[h]) continue;
       const float a = Int38ToFloat(j1[2][i] * 256 + j1[1][i], j1[0][i]);  // float(J1)
       const float b = static_cast<float>(j2[1][i] * 256 + j2[0][i]);      // float(J2), exact int32
-      const float acct = RnAdd(RnMul(a, w.scale1[h]), RnMul(b, w.scale2[h]));  // DigitAcc
-      st.acc[nb][i] = first[h] ? acct : DigitMerged(st.acc[nb][i], ka[h], acct, kb[h]);
+      acct[i] = RnAdd(RnMul(a, w.scale1[h]), RnMul(b, w.scale2[h]));      // DigitAcc
+      if constexpr (!kPartial) {
+        st.acc[nb][i] = first[h] ? acct[i] : DigitMerged(st.acc[nb][i], ka[h], acct[i], kb[h]);
+      }
+    }
+    if constexpr (kPartial) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (!has[h] || rec[h] == nullptr) continue;
+        *reinterpret_cast<float2*>(rec[h] + 8 * nb + 2 * t) = make_float2(acct[2 * h], acct[2 * h + 1]);
+      }
     }
   }
 }
