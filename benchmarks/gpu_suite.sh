@@ -8,7 +8,9 @@
 # `pip download --no-deps -d .whl nvidia-cutlass==4.2.0.0 gguf pyyaml py-spy`.
 # Results land in $OUT (or benchmarks/results/ when OUT is unset).
 # Optional environment:
-#   PREBUILT=path/_prism_ops*.so  use an extension built elsewhere if it imports (else build)
+#   PREBUILT=path/_prism_ops*.so  use an extension built elsewhere if it imports (else build);
+#                                 benchmarks/carry_prebuilt.sh NAME makes .carry/NAME/ with its
+#                                 COMMIT, exported as PRISM_COMMIT (the commit the JSON records)
 #   TESTS="..."                   pytest targets (default: tests/ops tests/test_extension.py
 #                                 tests/test_determinism.py: the forest invariances on the GPU)
 #   REPORT=0                      skip the CUDA-vs-CPU report
@@ -50,12 +52,19 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 
+# The commit every JSON line records: the prebuilt's COMMIT (benchmarks/carry_prebuilt.sh wrote it
+# from the checkout that built it), since this copy's git metadata may lag its working tree.
+if [ -z "${PRISM_COMMIT:-}" ] && [ -n "${PREBUILT:-}" ]; then
+  commit_file=$(dirname "$(ls $PREBUILT 2>/dev/null | head -1)")/COMMIT
+  if [ -f "$commit_file" ]; then export PRISM_COMMIT=$(cat "$commit_file"); fi
+fi
+
 {
   echo "## machine"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
   $PY -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())"
   nvcc --version | tail -1
-  git rev-parse --short HEAD 2>/dev/null || true
+  echo "${PRISM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
 } 2>&1 | tee "$OUT/machine.txt"
 
 echo "## build"
