@@ -7,7 +7,7 @@
 // rows 16w .. 16w + 15, the M side of its MMAs. The block's tokens may belong to several
 // chains: it runs one pass per chain (increasing chain id), each over the key tiles its rows
 // see; rows of other chains sit the pass out. Per tile: the chain's 64 positions are resolved
-// to pool rows, every k and v row is cut into digits in shared memory (k row-major, v
+// to pool rows, whose packed digit rows are copied into shared memory (k row-major, v
 // transposed with its keys permuted so that the score fragments are the PV MMA's A operand
 // as they lie in registers), then each warp computes its rows' scores (3 MMAs per 32 dims),
 // weights and weighted values (5 u8 x s8 MMAs per 32 keys: the weights' byte planes) and
@@ -133,8 +133,9 @@ __device__ PassRange NextChain(const Dims& dm, const Tables& tb, int64_t t0, int
 // kFallback: kFused, for only the blocks with a row the split's rounds do not cover.
 enum class Mode { kFused, kPartial, kFallback };
 
-// The tiles a block walks in one pass: all of them, or (kPartial) those of the round
-// [first_max.. + base, .. + slots) clipped to the pass, every splits-th from blockIdx.z.
+// The tiles a block walks in one pass: all of them, or (kPartial) every splits-th, from
+// blockIdx.z, of the round's: tiles first + base .. first_max + base + slots - 1 (some row's
+// record slot in [base, base + slots)), clipped to the pass.
 struct TileWalk {
   int64_t lo, hi, step;
 };

@@ -25,7 +25,9 @@ constexpr int kPad = 16;            // bytes after each code row: conflict-free 
 #ifndef PRISM_DIGITS_BLOCKS_PER_SM
 #define PRISM_DIGITS_BLOCKS_PER_SM 2
 #endif
-constexpr int kBlocksPerSm = PRISM_DIGITS_BLOCKS_PER_SM;  // the register budget, 65536 / (128 * kBlocksPerSm); 3 spills more at H = 128
+// The fused kernel's register budget, 65536 / (128 * kBlocksPerSm) (3 spills more at H = 128);
+// the split's pass 1 keeps no accumulators and takes one block more (kBlocksPerSmOf).
+constexpr int kBlocksPerSm = PRISM_DIGITS_BLOCKS_PER_SM;
 
 // Shared memory of one block. Code rows are kRowBytes apart (q, k: [row][d]); v is transposed,
 // vt[d][PermutedKey(key)], kVRowBytes apart.
@@ -40,7 +42,7 @@ struct Smem {
   float ks1[kAttnTile], ks2[kAttnTile], vs1[kAttnTile], vs2[kAttnTile];
   int64_t krow[kAttnTile];  // pool row of each tile position, -1: not in the chain
   uint32_t present[2];      // bit k of the pair: krow[k] >= 0
-  int32_t reduce[4];        // pass planning: next chain, first and last tile, last first
+  int32_t reduce[4];        // pass planning: next chain, first and last tile, largest first tile
 };
 
 // Column of key (0..63) in the transposed v tile. For each 32-key half, the C fragment of
