@@ -51,6 +51,8 @@ L2_BYTES = 60 << 20
 TARGET_RUN_S = 2e-3  # device time of one timed run
 MAX_REPS = 100
 DECODE = ("decode16", "decode32", "decode64")
+# The decode kernel with a cluster of 2-8 blocks splitting each slab's K.
+DECODE_SPLIT = tuple(f"decode{rows}k{split}" for rows in (16, 32) for split in (2, 4, 8))
 SM90 = (
     "sm90_coop_128x256x128_c2x1",
     "sm90_ping_64x256x128_c2x1",
@@ -69,9 +71,16 @@ STREAMK = (
 def variants_for(m: int) -> list[str]:
     """The kernels worth forcing at this M (the others are far off or unsupported)."""
     if m <= 16:
-        return list(DECODE)
+        return [*DECODE, *DECODE_SPLIT]
     if m <= 64:
-        return ["decode32", SM90[3], SM90[5], SM90[6], "sm90_splitk_swap_128x64x128_c2x1"]
+        return [
+            "decode32",
+            *DECODE_SPLIT,
+            SM90[3],
+            SM90[5],
+            SM90[6],
+            "sm90_splitk_swap_128x64x128_c2x1",
+        ]
     if m <= 256:
         return [SM90[3], SM90[2], SM90[1], SM90[0], *STREAMK]
     return [SM90[0], SM90[1], SM90[2], SM90[4], *STREAMK, SM90[4] + "@m4"]

@@ -13,8 +13,8 @@
 // bits and the choice never changes a result.
 //
 // PRISM_INT8_GEMM_KERNEL (benchmarks only) forces one kernel by name, read on every call:
-// simt, decode16, decode32, decode64, or a tile of Sm90TileName(); unsupported shapes still fall
-// back. PRISM_INT8_GEMM_RASTER=m|n and PRISM_INT8_GEMM_SWIZZLE=1|2|4|8 (benchmarks only) force
+// simt, decode16, decode32, decode64, decode16k<S> / decode32k<S> (S = 2, 4, 8: a cluster of S
+// blocks splitting K), or a tile of Sm90TileName(); unsupported shapes still fall back. PRISM_INT8_GEMM_RASTER=m|n and PRISM_INT8_GEMM_SWIZZLE=1|2|4|8 (benchmarks only) force
 // the CUTLASS tile order (Sm90Order). Under a command buffer what is in force at capture is what
 // is replayed.
 #include <cuda_runtime.h>
@@ -185,6 +185,7 @@ struct Bucket {
   int64_t min_n = 0;  // the bucket applies only to N >= min_n ...
   int64_t min_k = 0;  // ... and K >= min_k
   Sm90Order order = {};
+  int decode_split = 1;  // decode: blocks (one cluster) sharing a slab's K
 };
 constexpr int64_t kWideN = 16384;  // gate_up (N = 43008) among the 27B shapes
 constexpr int64_t kLongK = 8192;   // down (K = 21504)
@@ -242,9 +243,14 @@ bool Forced(int64_t m, Bucket* choice, bool* simt) {
   if (name == nullptr || *name == '\0') return false;
   *simt = std::strcmp(name, "simt") == 0;
   for (int rows : {16, 32, 64}) {
-    if (std::strcmp(name, ("decode" + std::to_string(rows)).c_str()) == 0) {
-      *choice = {m, rows, Sm90Tile::kCoop128x256};
-      return true;
+    for (int split : {1, 2, 4, 8}) {
+      // decode<rows> (one block a slab) or decode<rows>k<split> (a cluster of split blocks)
+      const std::string forced =
+          "decode" + std::to_string(rows) + (split > 1 ? "k" + std::to_string(split) : "");
+      if (std::strcmp(name, forced.c_str()) == 0) {
+        *choice = {m, rows, Sm90Tile::kCoop128x256, 0, 0, {}, split};
+        return true;
+      }
     }
   }
   for (int t = 0; t < kSm90TileCount; ++t) {
@@ -288,7 +294,7 @@ cudaError_t Dispatch(cudaStream_t stream, const int8_t* x, const float* sx, cons
   cudaError_t e = cudaErrorNotSupported;
   if (!simt && k >= 16) {
     if (choice.decode_rows > 0 && DecodeSupports(x, w, m, k)) {
-      e = RunDecode(choice.decode_rows, stream, x, sx, w, sw, y, m, k, n);
+      e = RunDecode(choice.decode_rows, choice.decode_split, stream, x, sx, w, sw, y, m, k, n);
     } else if (choice.decode_rows == 0 && Sm90Supports(x, w, y, k, n, sizeof(OutT))) {
       e = RunSm90(choice.tile, stream, x, sx, w, sw, y, m, k, n, workspace, workspace_bytes,
                   choice.order);

@@ -12,6 +12,15 @@
 // of weight rows g and g + 8 and of token row g. The mma sees them as k = 4t..4t+3 and 16+4t..
 // 16+4t+3 (two instructions per chunk, bytes 0-7 then 8-15); the same permutation of k is used
 // for w and x, and an integer dot product does not depend on the order of its terms.
+//
+// Split over K in a cluster (kSplit > 1): the kSplit CTAs of a thread-block cluster share one
+// slab, CTA r summing the r-th of kSplit contiguous ranges of its K chunks into its own shared
+// memory; after a cluster barrier every CTA applies the epilogue to a share of the slab's outputs,
+// adding the kSplit partial sums from the peers' shared memory (distributed shared memory). The
+// narrow weights otherwise give too few blocks for 132 SMs (o and down: 168 blocks of 32 rows,
+// so 36 SMs stream twice what the others do); the sums stay exact int32, so the bits do not move,
+// and nothing leaves the cluster: no workspace, no second launch.
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include "cc/common.h"
@@ -21,6 +30,8 @@
 
 namespace prism {
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * kWarpSize;
@@ -55,8 +66,26 @@ __device__ __forceinline__ void Mma(int32_t (&d)[4], int a0, int a1, int a2, int
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// kSlabs x 16 weight rows per block, kTiles x 8 tokens, kUnroll chunks loaded before use.
-template <int kSlabs, int kTiles, int kUnroll, typename OutT>
+// Output i of a slab's kTokens x kRows (token-major) from the kSplit partial sums at peer[q],
+// each [kTokens][kRows + 1]: epilogue order is part of the contract, (acc * s_x) * s_w in fp32.
+template <int kRows, int kSplit, typename OutT>
+__device__ __forceinline__ void WriteOutput(int32_t* const (&peer)[kSplit], int i,
+                                            const float* __restrict__ sx,
+                                            const float* __restrict__ sw, OutT* __restrict__ y,
+                                            int m, int64_t n0, int64_t n) {
+  const int tok = i / kRows, r = i % kRows;
+  const int64_t col = n0 + r;
+  if (tok >= m || col >= n) return;
+  int32_t acc = 0;
+#pragma unroll
+  for (int q = 0; q < kSplit; ++q) acc += peer[q][tok * (kRows + 1) + r];  // exact in any order
+  const float v = __fmul_rn(__fmul_rn(static_cast<float>(acc), sx[tok]), sw[col]);
+  FromF32(v, y + static_cast<int64_t>(tok) * n + col);
+}
+
+// kSlabs x 16 weight rows per block (per cluster of kSplit blocks when kSplit > 1), kTiles x 8
+// tokens, kUnroll chunks loaded before use.
+template <int kSlabs, int kTiles, int kUnroll, int kSplit, typename OutT>
 __global__ void __launch_bounds__(kThreads)
     DecodeKernel(const int8_t* __restrict__ x, const float* __restrict__ sx,
                  const int8_t* __restrict__ w, const float* __restrict__ sw,
@@ -67,7 +96,10 @@ __global__ void __launch_bounds__(kThreads)
 
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  // A cluster is kSplit consecutive blocks along x: one slab, rank = its share of K.
+  int rank = 0;
+  if constexpr (kSplit > 1) rank = static_cast<int>(cg::this_cluster().block_rank());
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x / kSplit) * kRows;
   // Row pointers of this lane (rows past N are clamped to row 0 and their results dropped).
   const int8_t* wrow[kSlabs][2];
 #pragma unroll
@@ -87,8 +119,10 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   int32_t acc[kSlabs][kTiles][4] = {};
-  const int64_t chunks = (k + kChunk - 1) / kChunk;
-  for (int64_t c0 = warp; c0 < chunks; c0 += kWarps * kUnroll) {
+  // This block's chunks [c_lo, c_hi): the rank-th of kSplit near-equal contiguous ranges.
+  const int64_t chunks = (k + kChunk - 1) / kChunk, share = (chunks + kSplit - 1) / kSplit;
+  const int64_t c_lo = rank * share, c_hi = c_lo + share < chunks ? c_lo + share : chunks;
+  for (int64_t c0 = c_lo + warp; c0 < c_hi; c0 += kWarps * kUnroll) {
     int4 wv[kUnroll][kSlabs][2];
     int4 xv[kUnroll][kTiles];
 #pragma unroll
@@ -96,7 +130,7 @@ __global__ void __launch_bounds__(kThreads)
       // Loads are unconditional (a dead chunk re-reads offset 0) and zeroed afterwards by a
       // select: branches around them would stop the compiler from issuing them back to back.
       const int64_t at = (c0 + u * kWarps) * kChunk;
-      const bool live = c0 + u * kWarps < chunks && at + 16 * t < k;  // K % 16 == 0
+      const bool live = c0 + u * kWarps < c_hi && at + 16 * t < k;  // K % 16 == 0
       const int64_t off = live ? at : 0;
 #pragma unroll
       for (int s = 0; s < kSlabs; ++s) {
@@ -109,7 +143,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t at = (c0 + u * kWarps) * kChunk;
-      const bool live = c0 + u * kWarps < chunks && at + 16 * t < k;
+      const bool live = c0 + u * kWarps < c_hi && at + 16 * t < k;
 #pragma unroll
       for (int s = 0; s < kSlabs; ++s) {
 #pragma unroll
@@ -144,40 +178,78 @@ __global__ void __launch_bounds__(kThreads)
       atomicAdd(&sums[tok + 1][r + 8], acc[s][j][3]);
     }
   }
-  __syncthreads();
-  // Consecutive threads write consecutive outputs of one token row.
-  for (int i = threadIdx.x; i < kTokens * kRows; i += kThreads) {
-    const int tok = i / kRows, r = i % kRows;
-    const int64_t col = n0 + r;
-    if (tok < m && col < n) {
-      // Epilogue order is part of the contract: (acc * s_x) * s_w, in fp32.
-      const float v = __fmul_rn(__fmul_rn(static_cast<float>(sums[tok][r]), sx[tok]), sw[col]);
-      FromF32(v, y + static_cast<int64_t>(tok) * n + col);
-    }
+  // Consecutive threads write consecutive outputs of one token row; with a cluster, block r
+  // takes every kSplit-th run of kThreads outputs, reading every peer's sums.
+  int32_t* peer[kSplit];
+  if constexpr (kSplit == 1) {
+    __syncthreads();
+    peer[0] = &sums[0][0];
+  } else {
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every block's sums complete and visible to the cluster
+#pragma unroll
+    for (int q = 0; q < kSplit; ++q) peer[q] = cluster.map_shared_rank(&sums[0][0], q);
   }
+  for (int i = threadIdx.x + rank * kThreads; i < kTokens * kRows; i += kThreads * kSplit) {
+    WriteOutput<kRows, kSplit>(peer, i, sx, sw, y, m, n0, n);
+  }
+  // A block's shared memory must outlive its peers' reads of it.
+  if constexpr (kSplit > 1) cg::this_cluster().sync();
 }
 
-template <int kSlabs, int kTiles, typename OutT>
+template <int kSlabs, int kTiles, int kSplit, typename OutT>
 cudaError_t Launch(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
                    const float* sw, OutT* y, int64_t m, int64_t k, int64_t n) {
   // About 64 registers of w loads in flight per lane, whatever the slab count.
   constexpr int kUnroll = kTiles >= 4 ? 2 : 8 / kSlabs;
-  const int64_t blocks = CeilDiv(n, kSlabs * 16);
+  const int64_t blocks = CeilDiv(n, kSlabs * 16) * kSplit;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  DecodeKernel<kSlabs, kTiles, kUnroll, OutT><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      x, sx, w, sw, y, static_cast<int>(m), k, n);
-  return cudaGetLastError();
+  auto* kernel = DecodeKernel<kSlabs, kTiles, kUnroll, kSplit, OutT>;
+  if constexpr (kSplit == 1) {
+    kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, sx, w, sw, y,
+                                                                   static_cast<int>(m), k, n);
+    return cudaGetLastError();
+  } else {
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = kSplit;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(blocks));
+    config.blockDim = dim3(kThreads);
+    config.stream = stream;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    return cudaLaunchKernelEx(&config, kernel, x, sx, w, sw, y, static_cast<int>(m), k, n);
+  }
+}
+
+template <int kSlabs, int kTiles, typename OutT>
+cudaError_t LaunchSplit(int split, cudaStream_t stream, const int8_t* x, const float* sx,
+                        const int8_t* w, const float* sw, OutT* y, int64_t m, int64_t k,
+                        int64_t n) {
+  switch (split) {
+    case 1: return Launch<kSlabs, kTiles, 1>(stream, x, sx, w, sw, y, m, k, n);
+    case 2: return Launch<kSlabs, kTiles, 2>(stream, x, sx, w, sw, y, m, k, n);
+    case 4: return Launch<kSlabs, kTiles, 4>(stream, x, sx, w, sw, y, m, k, n);
+    case 8: return Launch<kSlabs, kTiles, 8>(stream, x, sx, w, sw, y, m, k, n);
+    default: return cudaErrorNotSupported;
+  }
 }
 
 template <int kTiles, typename OutT>
-cudaError_t LaunchRows(int rows, cudaStream_t stream, const int8_t* x, const float* sx,
-                       const int8_t* w, const float* sw, OutT* y, int64_t m, int64_t k,
-                       int64_t n) {
+cudaError_t LaunchRows(int rows, int split, cudaStream_t stream, const int8_t* x,
+                       const float* sx, const int8_t* w, const float* sw, OutT* y, int64_t m,
+                       int64_t k, int64_t n) {
   switch (rows) {
-    case 16: return Launch<1, kTiles>(stream, x, sx, w, sw, y, m, k, n);
-    case 32: return Launch<2, kTiles>(stream, x, sx, w, sw, y, m, k, n);
+    case 16: return LaunchSplit<1, kTiles>(split, stream, x, sx, w, sw, y, m, k, n);
+    case 32: return LaunchSplit<2, kTiles>(split, stream, x, sx, w, sw, y, m, k, n);
     case 64:
-      if constexpr (kTiles <= 2) return Launch<4, kTiles>(stream, x, sx, w, sw, y, m, k, n);
+      if constexpr (kTiles <= 2) {
+        return split == 1 ? Launch<4, kTiles, 1>(stream, x, sx, w, sw, y, m, k, n)
+                          : cudaErrorNotSupported;
+      }
       return cudaErrorNotSupported;
     default: return cudaErrorNotSupported;
   }
@@ -191,21 +263,22 @@ bool DecodeSupports(const void* x, const void* w, int64_t m, int64_t k) {
 }
 
 template <typename OutT>
-cudaError_t RunDecode(int rows_per_block, cudaStream_t stream, const int8_t* x, const float* sx,
-                      const int8_t* w, const float* sw, OutT* y, int64_t m, int64_t k,
-                      int64_t n) {
+cudaError_t RunDecode(int rows_per_block, int split, cudaStream_t stream, const int8_t* x,
+                      const float* sx, const int8_t* w, const float* sw, OutT* y, int64_t m,
+                      int64_t k, int64_t n) {
   if (rows_per_block == 0) rows_per_block = m <= 8 ? 32 : 16;
-  if (m <= 8) return LaunchRows<1>(rows_per_block, stream, x, sx, w, sw, y, m, k, n);
-  if (m <= 16) return LaunchRows<2>(rows_per_block, stream, x, sx, w, sw, y, m, k, n);
-  if (m <= 32) return LaunchRows<4>(rows_per_block, stream, x, sx, w, sw, y, m, k, n);
-  if (m <= 64) return LaunchRows<8>(rows_per_block, stream, x, sx, w, sw, y, m, k, n);
+  if (split == 0) split = 1;
+  if (m <= 8) return LaunchRows<1>(rows_per_block, split, stream, x, sx, w, sw, y, m, k, n);
+  if (m <= 16) return LaunchRows<2>(rows_per_block, split, stream, x, sx, w, sw, y, m, k, n);
+  if (m <= 32) return LaunchRows<4>(rows_per_block, split, stream, x, sx, w, sw, y, m, k, n);
+  if (m <= 64) return LaunchRows<8>(rows_per_block, split, stream, x, sx, w, sw, y, m, k, n);
   return cudaErrorNotSupported;
 }
 
-template cudaError_t RunDecode<float>(int, cudaStream_t, const int8_t*, const float*,
+template cudaError_t RunDecode<float>(int, int, cudaStream_t, const int8_t*, const float*,
                                       const int8_t*, const float*, float*, int64_t, int64_t,
                                       int64_t);
-template cudaError_t RunDecode<uint16_t>(int, cudaStream_t, const int8_t*, const float*,
+template cudaError_t RunDecode<uint16_t>(int, int, cudaStream_t, const int8_t*, const float*,
                                          const int8_t*, const float*, uint16_t*, int64_t,
                                          int64_t, int64_t);
 

@@ -72,11 +72,12 @@ size_t Sm90WorkspaceBytes(Sm90Tile tile, int64_t m, int64_t k, int64_t n, Sm90Or
 // Weight-streaming kernel for small M (int8_gemm_decode.cu): mma.sync m16n8k32 on 16-row slabs
 // of w, K split across the 8 warps of a block, partial sums added exactly in shared memory.
 // Needs M <= 64, K % 16 == 0 and 16-byte-aligned x and w. rows_per_block: 16, 32 or 64 weight
-// rows per block (0: the default for M).
+// rows per block (0: the default for M); split: 1, 2, 4 or 8 blocks (a cluster) sharing a slab's
+// K, their sums added through distributed shared memory (0: 1; rows 64 only with 1).
 bool DecodeSupports(const void* x, const void* w, int64_t m, int64_t k);
 template <typename OutT>
-cudaError_t RunDecode(int rows_per_block, cudaStream_t stream, const int8_t* x, const float* sx,
-                      const int8_t* w, const float* sw, OutT* y, int64_t m, int64_t k,
-                      int64_t n);
+cudaError_t RunDecode(int rows_per_block, int split, cudaStream_t stream, const int8_t* x,
+                      const float* sx, const int8_t* w, const float* sw, OutT* y, int64_t m,
+                      int64_t k, int64_t n);
 
 }  // namespace prism

@@ -119,6 +119,12 @@ CUDA_KERNELS = [
     "decode16",
     "decode32",
     "decode64",
+    # clusters of 2-8 blocks splitting K (FORCED_SHAPES' K = 272 has 5 chunks: with 8 blocks,
+    # three sum nothing; K = 1040 ends inside a chunk)
+    "decode16k2",
+    "decode16k8",
+    "decode32k4",
+    "decode32k8",
     "sm90_coop_128x256x128_c2x1",
     "sm90_ping_64x256x128_c2x1",
     "sm90_coop_128x128x128_c2x1",
