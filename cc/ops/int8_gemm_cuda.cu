@@ -4,7 +4,8 @@
 //
 // One kernel per call, picked from M, N and K (kBuckets below, chosen from measurements on an
 // H200: benchmarks/results/gemm_h200*/):
-//   M <= 8             the weight-streaming decode kernel (int8_gemm_decode.cu)
+//   M <= 8             the weight-streaming decode kernel (int8_gemm_decode.cu); N < 8192 in
+//                      clusters of two blocks splitting K
 //   larger M           a CUTLASS SM90 kernel (int8_gemm_sm90_*.cu), data-parallel or stream-K;
 //                      stream-K's partial sums live in the call's workspace result
 //   anything else      (K % 16 != 0, unaligned rows or pointers) the shared-memory __dp4a
@@ -178,6 +179,10 @@ cudaError_t LaunchSimt(cudaStream_t stream, const int8_t* x, const float* sx, co
 // 32.7 vs 38.8 / 39.2 (split-K); 64x64 at M = 64: qkv 15.2 vs 15.7, o 10.1 vs 11.6, down 32.5
 // vs 37.1. gate_up (336 tiles of 128 rows already) keeps the 128x64 tile (60.8-64.2 µs, the
 // 64-row tiles 61.1-84.7). Decode stays at M <= 8: qkv and o 13.8 / 8.9 µs at M = 1.
+// Session 20 (results/gemm_h200_session20/decode_split/, kernel time at M = 1): the narrow weights
+// (N < 8192: o and down, 168 blocks of 32 rows on 132 SMs) take clusters of two blocks splitting
+// each slab's K: down 38.2 -> 31.4 µs (3.02 -> 3.68 TB/s), o 8.9 -> 8.2; qkv and gate_up lose
+// (14.0 -> 19.6, 62 -> 78), and so does every split at M = 16-64 and of 4 or 8 blocks.
 struct Bucket {
   int64_t max_m;
   int decode_rows;
@@ -191,7 +196,8 @@ constexpr int64_t kWideN = 16384;  // gate_up (N = 43008) among the 27B shapes
 constexpr int64_t kLongK = 8192;   // down (K = 21504)
 constexpr int64_t kMidN = 8192;    // qkv (N = 8192) and gate_up, not o (N = 5376)
 constexpr Bucket kBucketsF32[] = {
-    {8, 32, Sm90Tile::kSwap128x64},
+    {8, 32, Sm90Tile::kSwap128x64, kMidN},
+    {8, 32, Sm90Tile::kSwap128x64, 0, 0, {}, 2},
     {32, 0, Sm90Tile::kSwap128x64, kWideN},
     {32, 0, Sm90Tile::kSwapPing64x32},
     {64, 0, Sm90Tile::kSwap128x64, kWideN},

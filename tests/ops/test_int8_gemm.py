@@ -123,6 +123,7 @@ CUDA_KERNELS = [
     # three sum nothing; K = 1040 ends inside a chunk)
     "decode16k2",
     "decode16k8",
+    "decode32k2",
     "decode32k4",
     "decode32k8",
     "sm90_coop_128x256x128_c2x1",
