@@ -61,6 +61,8 @@ SM90 = (
     "sm90_coop_128x192x128_c2x1",
     "sm90_swap_ping_64x32x128_c2x1",
     "sm90_swap_ping_64x64x128_c2x1",
+    "sm90_swap_ping_128x64x128_c2x1_s3",
+    "sm90_swap_ping_128x64x128_c2x1_s2",
 )
 STREAMK = (
     "sm90_streamk_128x128x128_c2x1",
@@ -411,6 +413,24 @@ def forced_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def forced_device_table(rows: list[dict]) -> str:
+    """Every forced kernel's kernel time (µs, --device-time) per shape and M; "" without it."""
+    by, names = {}, []
+    for r in rows:
+        if "device_us" in r and r.get("impl", "").startswith("prism"):
+            by.setdefault((r["shape"], r["M"]), {})[r["impl"]] = r["device_us"]
+            names += [] if r["impl"] in names else [r["impl"]]
+    names.sort(key=lambda v: (v != "prism", v))
+    lines = ["| shape | M | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for (shape, m), d in by.items():
+        if len(d) > 1:
+            cells = [f"{d[v]:.1f}" if v in d else "" for v in names]
+            lines.append(f"| {shape} | {m} | " + " | ".join(cells) + " |")
+    if len(lines) == 2:
+        return ""
+    return "\n## Forced kernels, kernel time (µs, --device-time)\n\n" + "\n".join(lines) + "\n"
+
+
 def device_table(rows: list[dict]) -> str:
     """Kernel time per op (--device-time) against cuBLASLt's CUDA-event time; "" without it."""
     by = {}
@@ -457,7 +477,10 @@ def markdown(rows: list[dict], command: str) -> str:
         head += f"XLA copy in this run: {copy['tbps']:.2f} TB/s (read + written bytes). "
     return (
         head + "\n\n" + table(rows) + "\n## Forced kernels (prism = the dispatch at run time)"
-        "\n\nTOP/s, or weight TB/s at M <= 16.\n\n" + forced_table(rows) + device_table(rows)
+        "\n\nTOP/s, or weight TB/s at M <= 16.\n\n"
+        + forced_table(rows)
+        + forced_device_table(rows)
+        + device_table(rows)
     )
 
 
