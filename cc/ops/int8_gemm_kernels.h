@@ -31,12 +31,8 @@ enum class Sm90Tile {
   // (qkv 128, o and down 84), which leave SMs idle at small M.
   kSwapPing64x32,  // ping-pong, 64 weight rows x 32 tokens x 128, cluster 2x1
   kSwapPing64x64,  // ping-pong, 64 weight rows x 64 tokens x 128, cluster 2x1
-  // kSwap128x64 with 3 / 2 stages, a CTA per tile, up to 4 CTAs an SM: ragged tile counts
-  // (gate_up at small M: 336 tiles on 132 SMs) spread by the hardware.
-  kSwapPing128x64S3,
-  kSwapPing128x64S2,
 };
-constexpr int kSm90TileCount = 12;
+constexpr int kSm90TileCount = 10;
 const char* Sm90TileName(Sm90Tile tile);
 
 // The persistent schedulers' tile order: raster 'm' (consecutive tiles walk along M), 'n', or 0

@@ -41,13 +41,8 @@ namespace sm90 {
 using namespace cute;  // NOLINT: CUTLASS's shape vocabulary (Shape, _128, ...)
 namespace fusion = cutlass::epilogue::fusion;
 
-// kStages_: mainloop stages (0: as many as shared memory holds). kCtasPerSm_: the persistent
-// grid is sized for this many CTAs an SM; with few stages several CTAs fit on one SM, so a
-// grid of one CTA per output tile runs at once and the hardware, not the tile loop, spreads
-// a ragged tile count over the SMs.
 template <class TileShape_, class ClusterShape_, class KernelSchedule_, class EpilogueSchedule_,
-          bool kSwap_, bool kStreamK_ = false, bool kSplitK_ = false, int kStages_ = 0,
-          int kCtasPerSm_ = 1>
+          bool kSwap_, bool kStreamK_ = false, bool kSplitK_ = false>
 struct Config {
   using TileShape = TileShape_;
   using ClusterShape = ClusterShape_;
@@ -56,8 +51,6 @@ struct Config {
   static constexpr bool kSwap = kSwap_;
   static constexpr bool kStreamK = kStreamK_;
   static constexpr bool kSplitK = kSplitK_;  // the stream-K scheduler run as split-K
-  static constexpr int kStages = kStages_;
-  static constexpr int kCtasPerSm = kCtasPerSm_;
   static_assert(!kSplitK_ || kStreamK_, "split-K runs on CUTLASS's stream-K scheduler");
   // void: CUTLASS's default (persistent, data-parallel) scheduler.
   using Scheduler = std::conditional_t<kStreamK_, cutlass::gemm::StreamKScheduler, void>;
@@ -82,11 +75,6 @@ using CfgSplitKSwap128x64 =
 using CfgCoop128x192 = Config<Shape<_128, _192, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, false>;
 using CfgSwapPing64x32 = Config<Shape<_64, _32, _128>, Shape<_2, _1, _1>, Ping, EpiPing, true>;
 using CfgSwapPing64x64 = Config<Shape<_64, _64, _128>, Shape<_2, _1, _1>, Ping, EpiPing, true>;
-// The swapped 128x64 tile with 3 or 2 stages and a grid of up to 4 CTAs an SM (one per tile).
-using CfgSwapPing128x64S3 =
-    Config<Shape<_128, _64, _128>, Shape<_2, _1, _1>, Ping, EpiPing, true, false, false, 3, 4>;
-using CfgSwapPing128x64S2 =
-    Config<Shape<_128, _64, _128>, Shape<_2, _1, _1>, Ping, EpiPing, true, false, false, 2, 4>;
 
 // The tile order (Sm90Order) as the persistent schedulers' arguments; 0 keeps the heuristic.
 template <class SchedulerArgs>
@@ -126,13 +114,11 @@ struct Gemm {
       cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float, void, LayoutD, kAlignD,
       ElementD, LayoutD, kAlignD, typename Cfg::EpilogueSchedule, Epilogue>::CollectiveOp;
 
-  using Stages = std::conditional_t<
-      (Cfg::kStages > 0), cutlass::gemm::collective::StageCount<(Cfg::kStages > 0 ? Cfg::kStages : 1)>,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename CollectiveEpilogue::SharedStorage))>>;
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, int8_t, LayoutA, kAlignAB, int8_t,
-      LayoutB, kAlignAB, int32_t, TileShape, typename Cfg::ClusterShape, Stages,
+      LayoutB, kAlignAB, int32_t, TileShape, typename Cfg::ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
       typename Cfg::KernelSchedule>::CollectiveOp;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
@@ -170,7 +156,7 @@ struct Gemm {
         {{}, nullptr, stride_d, y, stride_d}};
     // Visitor arguments: {{acc, s_x, mul}, s_w, mul}.
     args.epilogue.thread = {{{}, {sx}, {}}, {sw}, {}};
-    args.hw_info.sm_count = SmCount() * Cfg::kCtasPerSm;
+    args.hw_info.sm_count = SmCount();
     SetOrder(args.scheduler, order);
     if constexpr (Cfg::kStreamK) {
       // Int32 partials: any order of addition gives the same sum (see the file comment), so the

@@ -29,10 +29,6 @@ cudaError_t RunSm90Variant(Sm90Tile tile, cudaStream_t stream, const int8_t* x, 
       return RunTile<sm90::CfgSwapPing64x32>(stream, x, sx, w, sw, y, m, k, n, order);
     case Sm90Tile::kSwapPing64x64:
       return RunTile<sm90::CfgSwapPing64x64>(stream, x, sx, w, sw, y, m, k, n, order);
-    case Sm90Tile::kSwapPing128x64S3:
-      return RunTile<sm90::CfgSwapPing128x64S3>(stream, x, sx, w, sw, y, m, k, n, order);
-    case Sm90Tile::kSwapPing128x64S2:
-      return RunTile<sm90::CfgSwapPing128x64S2>(stream, x, sx, w, sw, y, m, k, n, order);
     default:
       return cudaErrorNotSupported;
   }
