@@ -32,6 +32,7 @@ import argparse
 import dataclasses
 import json
 import pathlib
+import shutil
 import statistics
 import sys
 import time
@@ -474,6 +475,9 @@ def trace(engine: Engine, baseline, chosen: list[Scenario], chunk: int, where: p
     for s in chosen:
         if not s.cold:  # the cached prefix may have been evicted since: refill it untraced
             engine.run(s.questions, chunk=chunk)
+        # The breakdown reads every trace under the folder: one left by an earlier run into the
+        # same --out would be summed with this one (session 20 got every op twice that way).
+        shutil.rmtree(where / s.name, ignore_errors=True)
         with jax.profiler.trace(str(where / s.name)):
             for _ in range(TRACE_RUNS):
                 if s.cold:

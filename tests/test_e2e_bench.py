@@ -52,9 +52,8 @@ def test_tiny_run_writes_one_line_per_scenario(tmp_path):
     assert (tmp_path / "e2e.png").stat().st_size > 0
 
 
-def test_no_baseline_trace_probe(tmp_path):
-    """--no-baseline (XLA flag and trace probes): no bf16 model, smoke rows, a gap analysis."""
-    proc = subprocess.run(
+def _trace_probe(out) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [
             sys.executable,
             str(SCRIPT),
@@ -63,7 +62,7 @@ def test_no_baseline_trace_probe(tmp_path):
             "--runs",
             "2",
             "--out",
-            str(tmp_path),
+            str(out),
             "--scenarios",
             "one_question",
             "--no-baseline",
@@ -74,7 +73,23 @@ def test_no_baseline_trace_probe(tmp_path):
         timeout=300,
         cwd=ROOT,
     )
+
+
+def _launches(out) -> dict:
+    rows = [json.loads(x) for x in (out / "breakdown.jsonl").read_text().splitlines()]
+    return {r["group"]: r["launches_per_run"] for r in rows if r["kind"] == "group"}
+
+
+def test_no_baseline_trace_probe(tmp_path):
+    """--no-baseline (XLA flag and trace probes): no bf16 model, smoke rows, a gap analysis;
+    a second run into the same folder counts its own trace only."""
+    proc = _trace_probe(tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    first = _launches(tmp_path)
+    assert first and all(n > 0 for n in first.values()), first
+    proc = _trace_probe(tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert _launches(tmp_path) == first, "the second run's breakdown counted the first's trace"
     (row,) = [json.loads(x) for x in (tmp_path / "e2e.jsonl").read_text().splitlines()]
     assert row["smoke"] and row["baseline"] is None and row["ratio"] is None
     assert row["prism"]["runs"] == 2
