@@ -15,8 +15,9 @@
 //
 // PRISM_INT8_GEMM_KERNEL (benchmarks only) forces one kernel by name, read on every call:
 // simt, decode16, decode32, decode64, decode16k<S> / decode32k<S> (S = 2, 4, 8: a cluster of S
-// blocks splitting K), or a tile of Sm90TileName(); unsupported shapes still fall back. PRISM_INT8_GEMM_RASTER=m|n and PRISM_INT8_GEMM_SWIZZLE=1|2|4|8 (benchmarks only) force
-// the CUTLASS tile order (Sm90Order). Under a command buffer what is in force at capture is what
+// blocks splitting K), or a tile of Sm90TileName(); unsupported shapes still fall back.
+// PRISM_INT8_GEMM_RASTER=m|n and PRISM_INT8_GEMM_SWIZZLE=1|2|4|8 (benchmarks only) force the
+// CUTLASS tile order (Sm90Order). Under a command buffer what is in force at capture is what
 // is replayed.
 #include <cuda_runtime.h>
 
