@@ -89,7 +89,14 @@ def test_no_baseline_trace_probe(tmp_path):
     assert first and all(n > 0 for n in first.values()), first
     proc = _trace_probe(tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert _launches(tmp_path) == first, "the second run's breakdown counted the first's trace"
+    # Launch counts move by a launch or so between runs on the CPU (97.7 against 98 seen); a
+    # breakdown that also read the first run's trace would count every launch twice.
+    second = _launches(tmp_path)
+    assert second.keys() == first.keys(), (first, second)
+    ratios = {g: second[g] / first[g] for g in first}
+    assert all(0.8 < r < 1.25 for r in ratios.values()), (
+        f"the second run's breakdown counted the first's trace too: {ratios}"
+    )
     (row,) = [json.loads(x) for x in (tmp_path / "e2e.jsonl").read_text().splitlines()]
     assert row["smoke"] and row["baseline"] is None and row["ratio"] is None
     assert row["prism"]["runs"] == 2
