@@ -15,7 +15,8 @@
 //
 // PRISM_INT8_GEMM_KERNEL (benchmarks only) forces one kernel by name, read on every call:
 // simt, decode16, decode32, decode64, decode16k<S> / decode32k<S> (S = 2, 4, 8: a cluster of S
-// blocks splitting K), or a tile of Sm90TileName(); unsupported shapes still fall back.
+// blocks splitting K), tma64 / tma128 and tma64k<S> / tma128k<S> (S = 2, 4; M <= 64), or a tile
+// of Sm90TileName(); unsupported shapes still fall back.
 // PRISM_INT8_GEMM_RASTER=m|n and PRISM_INT8_GEMM_SWIZZLE=1|2|4|8 (benchmarks only) force the
 // CUTLASS tile order (Sm90Order). Under a command buffer what is in force at capture is what
 // is replayed.
@@ -33,6 +34,7 @@
 #include "cc/numerics.h"
 #include "cc/ops/int8_gemm_kernels.h"
 #include "cc/ops/int8_gemm_shapes.h"
+#include "cc/ops/int8_gemm_tma.h"
 
 namespace prism {
 namespace {
@@ -191,7 +193,8 @@ struct Bucket {
   int64_t min_n = 0;  // the bucket applies only to N >= min_n ...
   int64_t min_k = 0;  // ... and K >= min_k
   Sm90Order order = {};
-  int decode_split = 1;  // decode: blocks (one cluster) sharing a slab's K
+  int split = 1;     // decode or tma: blocks (one cluster) sharing a slab's K
+  int tma_rows = 0;  // > 0: the TMA-fed streaming kernel with that many weight rows per block
 };
 constexpr int64_t kWideN = 16384;  // gate_up (N = 43008) among the 27B shapes
 constexpr int64_t kLongK = 8192;   // down (K = 21504)
@@ -260,6 +263,17 @@ bool Forced(int64_t m, Bucket* choice, bool* simt) {
       }
     }
   }
+  for (int rows : {64, 128}) {
+    for (int split : {1, 2, 4}) {
+      // tma<rows> (one block a slab) or tma<rows>k<split> (a cluster of split blocks)
+      const std::string forced =
+          "tma" + std::to_string(rows) + (split > 1 ? "k" + std::to_string(split) : "");
+      if (std::strcmp(name, forced.c_str()) == 0) {
+        *choice = {m, 0, Sm90Tile::kCoop128x256, 0, 0, {}, split, rows};
+        return true;
+      }
+    }
+  }
   for (int t = 0; t < kSm90TileCount; ++t) {
     if (std::strcmp(name, Sm90TileName(static_cast<Sm90Tile>(t))) == 0) {
       *choice = {m, 0, static_cast<Sm90Tile>(t)};
@@ -301,8 +315,11 @@ cudaError_t Dispatch(cudaStream_t stream, const int8_t* x, const float* sx, cons
   cudaError_t e = cudaErrorNotSupported;
   if (!simt && k >= 16) {
     if (choice.decode_rows > 0 && DecodeSupports(x, w, m, k)) {
-      e = RunDecode(choice.decode_rows, choice.decode_split, stream, x, sx, w, sw, y, m, k, n);
-    } else if (choice.decode_rows == 0 && Sm90Supports(x, w, y, k, n, sizeof(OutT))) {
+      e = RunDecode(choice.decode_rows, choice.split, stream, x, sx, w, sw, y, m, k, n);
+    } else if (choice.tma_rows > 0 && TmaSupports(x, w, m, k, n)) {
+      e = RunTma(choice.tma_rows, choice.split, stream, x, sx, w, sw, y, m, k, n);
+    } else if (choice.decode_rows == 0 && choice.tma_rows == 0 &&
+               Sm90Supports(x, w, y, k, n, sizeof(OutT))) {
       e = RunSm90(choice.tile, stream, x, sx, w, sw, y, m, k, n, workspace, workspace_bytes,
                   choice.order);
       if (e == cudaErrorNotSupported && DataParallelTwin(choice.tile) != choice.tile) {
@@ -367,6 +384,6 @@ size_t PrismInt8GemmWorkspaceBytes(int64_t m, int64_t k, int64_t n, bool f32) {
   if (!f32 || m <= 0 || n <= 0) return 0;  // no bf16 stream-K tile is built
   bool simt = false;
   const prism::Bucket choice = prism::Choose<float>(m, k, n, &simt);
-  if (simt || choice.decode_rows > 0) return 0;
+  if (simt || choice.decode_rows > 0 || choice.tma_rows > 0) return 0;
   return prism::Sm90WorkspaceBytes(choice.tile, m, k, n, choice.order);
 }

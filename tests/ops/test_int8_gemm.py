@@ -85,6 +85,21 @@ def test_leading_rows_match_the_slice(device, rng, r, rows, k, n, out_dtype):
         assert_bitwise_equal(ref, expected, "int8_gemm reference rows= vs numpy")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["tma64", "tma128k2", "decode32k2"])
+def test_leading_rows_with_streaming_kernels(gpu, rng, monkeypatch, kernel):
+    """The streaming kernels read x through its first M rows only (the TMA's tensor map has M
+    rows, so a box past them is zeros, not the second digit's rows)."""
+    monkeypatch.setenv("PRISM_INT8_GEMM_KERNEL", kernel)
+    r, rows, k, n = 64, 27, 2064, 200
+    x, w = random_int8(rng, (r, k), extreme=True), random_int8(rng, (n, k), extreme=True)
+    s_x = rng.uniform(1e-4, 1e-1, r).astype(np.float32)
+    s_w = rng.uniform(1e-4, 1e-1, n).astype(np.float32)
+    y = run_on(gpu, ops.int8_gemm, x, s_x, w, s_w, rows=rows)
+    expected = epilogue(x[:rows].astype(np.int64) @ w.astype(np.int64).T, s_x[:rows], s_w)
+    assert_bitwise_equal(y, expected, f"{kernel}: rows= vs numpy")
+
+
 @pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
 def test_row_invariance(device, rng, out_dtype):
     k, n = 300, 77
@@ -126,6 +141,14 @@ CUDA_KERNELS = [
     "decode32k2",
     "decode32k4",
     "decode32k8",
+    # the TMA-fed streaming kernel (M <= 64): blocks of 64 or 128 weight rows, clusters of 2 or 4
+    # (K = 272 has 3 chunks of 128 bytes: with 4 blocks, one sums nothing)
+    "tma64",
+    "tma128",
+    "tma64k2",
+    "tma128k2",
+    "tma64k4",
+    "tma128k4",
     "sm90_coop_128x256x128_c2x1",
     "sm90_ping_64x256x128_c2x1",
     "sm90_coop_128x128x128_c2x1",

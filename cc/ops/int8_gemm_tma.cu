@@ -1,0 +1,363 @@
+// prism_int8_gemm for 8 < M <= 64 (a follow-up question's 32 tokens, small decode batches): a
+// weight-streaming kernel fed by the Hopper tensor-memory accelerator (TMA).
+//
+// Why not the decode kernel (int8_gemm_decode.cu): there every warp loads its own copy of x's
+// chunk, so at M = 32 a lane loads twice as many x bytes as w bytes; and why not CUTLASS's
+// swapped tiles: their 8-stage pipelines fit one CTA an SM, so gate_up's 336 tiles run in 2.55
+// waves. XLA's Triton GEMM (16 x 128 tiles, TMA, 3 stages, several CTAs an SM) streamed gate_up
+// at 4.06 TB/s at M = 16 where those did 3.59 (results/gemm_h200_session20/).
+//
+// Shapes: M tokens (<= 64), K inputs (% 16 == 0), N outputs; x [M, K], w [N, K], y [M, N].
+// Block: kRows weight rows (64 or 128) x all M tokens, padded to kTokens = 16, 32 or 64. One
+// producer warp issues a TMA load a stage: a [kRows x 128-byte] box of w and a [kTokens x 128]
+// box of x (128-byte swizzle; rows past N or M and bytes past K arrive as zeros). kRows / 32
+// consumer warps each own 32 weight rows: per 32-byte k-step, ldmatrix gives two m16 A
+// fragments of w and kTokens / 8 B fragments of x, and mma.sync m16n8k32 adds exact int32
+// products. Stages turn over through full / empty mbarriers, ~96 KB of them a block, so two
+// blocks share an SM.
+//
+// Split over K in a cluster (kSplit = 2 or 4): the kSplit CTAs of a cluster share one slab of
+// weight rows, CTA r streaming the r-th contiguous share of its 128-byte K chunks; after a
+// cluster barrier each CTA applies the epilogue to a share of the slab's outputs, adding the
+// peers' int32 sums through distributed shared memory. The narrow weights (o, down: 42 slabs of
+// 128 rows) otherwise leave most SMs idle. Integer sums are exact in any order, so every
+// variant gives the same bits as the CPU.
+#include <cooperative_groups.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include "cc/common.h"
+#include "cc/cuda_common.cuh"
+#include "cc/numerics.h"
+#include "cc/ops/int8_gemm_tma.h"
+
+namespace prism {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kBoxK = 128;            // K bytes a stage: one 128-byte swizzle row per tile row
+constexpr int kWarpRows = 32;         // weight rows a consumer warp owns (two m16 fragments)
+constexpr int kMaxTokens = 64;
+constexpr int kStageBudget = 96 * 1024;  // pipeline bytes a block: two blocks an SM
+
+template <int kRows, int kTiles>
+struct Config {
+  static_assert(kRows == 64 || kRows == 128, "tma kernel: 64 or 128 weight rows a block");
+  static constexpr int kTokens = kTiles * 8;
+  static constexpr int kConsumers = kRows / kWarpRows;
+  static constexpr int kThreads = (kConsumers + 1) * kWarpSize;  // + the producer warp
+  static constexpr int kWBytes = kRows * kBoxK, kXBytes = kTokens * kBoxK;
+  static constexpr int kStageBytes = kWBytes + kXBytes;
+  static constexpr int kStages = kStageBudget / kStageBytes > 8   ? 8
+                                 : kStageBudget / kStageBytes < 3 ? 3
+                                                                  : kStageBudget / kStageBytes;
+  static constexpr int kSumRow = kRows + 1;  // int32 sums [kTokens][kSumRow]: +1 spreads banks
+  static_assert(kTokens * kSumRow * 4 <= kStages * kStageBytes, "sums reuse the stage memory");
+  // Stage tiles first (each 1024-byte aligned, as the 128-byte swizzle needs), then 2 x kStages
+  // mbarriers; + 1024 so the base can be aligned up.
+  static constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kStageBytes +
+                                       2 * kStages * sizeof(uint64_t) + 1024;
+};
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void MbarInit(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void MbarExpectTx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void MbarArrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SmemAddr(bar)) : "memory");
+}
+
+// Waits until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "WAIT:\n\t"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
+      "@!p bra WAIT;\n\t}" ::"r"(SmemAddr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// A [rows x 128-byte] box at (k0, row0) of the tensor map into dst, completing on bar.
+__device__ __forceinline__ void TmaLoad(void* dst, const CUtensorMap* map, int k0, int row0,
+                                        uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];" ::"r"(SmemAddr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(row0), "r"(SmemAddr(bar))
+      : "memory");
+}
+
+__device__ __forceinline__ void Ldsm4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// d += A (16 x 32, row) . B (32 x 8, col), int8 in, int32 accumulate (exact).
+__device__ __forceinline__ void Mma(int32_t (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  asm(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Shared address of 16-byte chunk c of tile row r under the 128-byte swizzle (the TMA's layout:
+// chunk c of row r sits at chunk c ^ (r % 8)).
+__device__ __forceinline__ uint32_t Swizzled(uint32_t tile, int r, int c) {
+  return tile + r * kBoxK + ((c ^ (r & 7)) << 4);
+}
+
+// One stage's products for a consumer warp: rows w0 .. w0 + 31 of the w tile, every token.
+// ldmatrix x4 on w: lane l addresses row l % 16 of the fragment, 16-byte half l / 16 of the
+// k-step, giving a0..a3 in mma's order (rows g / g + 8, k bytes 0-15 / 16-31). On x: lane l
+// addresses token l % 8 + 8 (l / 16), half (l / 8) % 2: b0, b1 of two 8-token tiles.
+template <int kTiles>
+__device__ __forceinline__ void StageProducts(uint32_t w_tile, uint32_t x_tile, int w0, int lane,
+                                              int32_t (&acc)[2][kTiles][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kBoxK / 32; ++kk) {
+    uint32_t a[2][4];
+#pragma unroll
+    for (int f = 0; f < 2; ++f) {
+      Ldsm4(Swizzled(w_tile, w0 + 16 * f + lane % 16, 2 * kk + lane / 16), a[f]);
+    }
+#pragma unroll
+    for (int j = 0; j < kTiles; j += 2) {
+      uint32_t b[4];
+      Ldsm4(Swizzled(x_tile, 8 * j + lane % 8 + 8 * (lane / 16), 2 * kk + (lane / 8) % 2), b);
+#pragma unroll
+      for (int f = 0; f < 2; ++f) {
+        Mma(acc[f][j], a[f], b[0], b[1]);
+        Mma(acc[f][j + 1], a[f], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// Output i of the slab (token-major over kTokens x kRows) from the kSplit partial sums: the
+// epilogue's order is part of the contract, (acc * s_x) * s_w in fp32.
+template <int kRows, int kSplit, typename OutT>
+__device__ __forceinline__ void WriteOutput(int32_t* const (&peer)[kSplit], int i,
+                                            const float* __restrict__ sx,
+                                            const float* __restrict__ sw, OutT* __restrict__ y,
+                                            int m, int64_t n0, int64_t n) {
+  const int tok = i / kRows, r = i % kRows;
+  const int64_t col = n0 + r;
+  if (tok >= m || col >= n) return;
+  int32_t acc = 0;
+#pragma unroll
+  for (int q = 0; q < kSplit; ++q) acc += peer[q][tok * (kRows + 1) + r];  // exact in any order
+  const float v = __fmul_rn(__fmul_rn(static_cast<float>(acc), sx[tok]), sw[col]);
+  FromF32(v, y + static_cast<int64_t>(tok) * n + col);
+}
+
+template <int kRows, int kTiles, int kSplit, typename OutT>
+__global__ void __launch_bounds__(Config<kRows, kTiles>::kThreads)
+    TmaStreamKernel(const __grid_constant__ CUtensorMap w_map,
+                    const __grid_constant__ CUtensorMap x_map, const float* __restrict__ sx,
+                    const float* __restrict__ sw, OutT* __restrict__ y, int m, int64_t k,
+                    int64_t n) {
+  using C = Config<kRows, kTiles>;
+  extern __shared__ uint8_t raw[];
+  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) &
+                                             ~static_cast<uintptr_t>(1023));
+  uint64_t* full = reinterpret_cast<uint64_t*>(base + C::kStages * C::kStageBytes);
+  uint64_t* empty = full + C::kStages;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < C::kStages; ++s) MbarInit(&full[s], 1), MbarInit(&empty[s], C::kConsumers);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // visible to the TMA
+  }
+  __syncthreads();
+
+  // A cluster is kSplit consecutive blocks along x: one slab, rank = its share of K.
+  int rank = 0;
+  if constexpr (kSplit > 1) rank = static_cast<int>(cg::this_cluster().block_rank());
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x / kSplit) * kRows;
+  const int64_t chunks = (k + kBoxK - 1) / kBoxK, share = (chunks + kSplit - 1) / kSplit;
+  const int64_t c_lo = rank * share;
+  const int64_t count = c_lo + share < chunks ? share : (chunks > c_lo ? chunks - c_lo : 0);
+
+  int32_t acc[2][kTiles][4] = {};
+  if (warp == C::kConsumers) {
+    if (lane == 0) {  // the producer: stage s of round i / kStages, once its consumers let go
+      for (int64_t i = 0; i < count; ++i) {
+        const int s = static_cast<int>(i % C::kStages);
+        if (i >= C::kStages) MbarWait(&empty[s], static_cast<uint32_t>(i / C::kStages - 1) & 1u);
+        uint8_t* stage = base + s * C::kStageBytes;
+        const int k0 = static_cast<int>((c_lo + i) * kBoxK);
+        MbarExpectTx(&full[s], C::kStageBytes);
+        TmaLoad(stage, &w_map, k0, static_cast<int>(n0), &full[s]);
+        TmaLoad(stage + C::kWBytes, &x_map, k0, 0, &full[s]);
+      }
+    }
+  } else {
+    for (int64_t i = 0; i < count; ++i) {
+      const int s = static_cast<int>(i % C::kStages);
+      MbarWait(&full[s], static_cast<uint32_t>(i / C::kStages) & 1u);
+      const uint32_t w_tile = SmemAddr(base + s * C::kStageBytes);
+      StageProducts<kTiles>(w_tile, w_tile + C::kWBytes, warp * kWarpRows, lane, acc);
+      __syncwarp();
+      if (lane == 0) MbarArrive(&empty[s]);
+    }
+  }
+  __syncthreads();  // every stage consumed: its memory now holds the sums
+
+  // Fragment layout: d0 (row g, token 2t), d1 (g, 2t + 1), d2 (g + 8, 2t), d3 (g + 8, 2t + 1).
+  int32_t* sums = reinterpret_cast<int32_t*>(base);
+  if (warp < C::kConsumers) {
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int f = 0; f < 2; ++f) {
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) {
+        const int r = warp * kWarpRows + 16 * f + g, tok = 8 * j + 2 * t;
+        sums[tok * C::kSumRow + r] = acc[f][j][0];
+        sums[(tok + 1) * C::kSumRow + r] = acc[f][j][1];
+        sums[tok * C::kSumRow + r + 8] = acc[f][j][2];
+        sums[(tok + 1) * C::kSumRow + r + 8] = acc[f][j][3];
+      }
+    }
+  }
+  int32_t* peer[kSplit];
+  if constexpr (kSplit == 1) {
+    __syncthreads();
+    peer[0] = sums;
+  } else {
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every block's sums complete and visible to the cluster
+#pragma unroll
+    for (int q = 0; q < kSplit; ++q) peer[q] = cluster.map_shared_rank(sums, q);
+  }
+  const int outputs = (m < C::kTokens ? m : C::kTokens) * kRows;
+  for (int i = static_cast<int>(threadIdx.x) + rank * C::kThreads; i < outputs;
+       i += C::kThreads * kSplit) {
+    WriteOutput<kRows, kSplit>(peer, i, sx, sw, y, m, n0, n);
+  }
+  // A block's shared memory must outlive its peers' reads of it.
+  if constexpr (kSplit > 1) cg::this_cluster().sync();
+}
+
+// cuTensorMapEncodeTiled from the driver, found through the runtime (no libcuda link).
+PFN_cuTensorMapEncodeTiled_v12000 Encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+                                                           cudaEnableDefault, &found);
+    return e == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p)
+               : nullptr;
+  }();
+  return fn;
+}
+
+// The map of a row-major int8 [rows, k] matrix in boxes of [box_rows x 128 bytes].
+bool EncodeRows(CUtensorMap* map, const int8_t* p, int64_t rows, int64_t k, int box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = Encoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k)};  // bytes between rows
+  const cuuint32_t box[2] = {kBoxK, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t step[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<int8_t*>(p), dims, strides,
+                box, step, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int kRows, int kTiles, int kSplit, typename OutT>
+cudaError_t Launch(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
+                   const float* sw, OutT* y, int64_t m, int64_t k, int64_t n) {
+  using C = Config<kRows, kTiles>;
+  CUtensorMap w_map, x_map;
+  if (!EncodeRows(&w_map, w, n, k, kRows) || !EncodeRows(&x_map, x, m, k, C::kTokens)) {
+    return cudaErrorNotSupported;
+  }
+  auto* kernel = TmaStreamKernel<kRows, kTiles, kSplit, OutT>;
+  // Per call, not once: the attribute belongs to the current device.
+  const cudaError_t attr = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(C::kSmemBytes));
+  if (attr != cudaSuccess) return attr;
+  const int64_t blocks = CeilDiv(n, kRows) * kSplit;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = kSplit;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(C::kThreads);
+  config.dynamicSmemBytes = C::kSmemBytes;
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = kSplit > 1 ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, w_map, x_map, sx, sw, y, static_cast<int>(m), k, n);
+}
+
+template <int kRows, int kTiles, typename OutT>
+cudaError_t LaunchSplit(int split, cudaStream_t stream, const int8_t* x, const float* sx,
+                        const int8_t* w, const float* sw, OutT* y, int64_t m, int64_t k,
+                        int64_t n) {
+  switch (split) {
+    case 1: return Launch<kRows, kTiles, 1>(stream, x, sx, w, sw, y, m, k, n);
+    case 2: return Launch<kRows, kTiles, 2>(stream, x, sx, w, sw, y, m, k, n);
+    case 4: return Launch<kRows, kTiles, 4>(stream, x, sx, w, sw, y, m, k, n);
+    default: return cudaErrorNotSupported;
+  }
+}
+
+template <int kTiles, typename OutT>
+cudaError_t LaunchRows(int rows, int split, cudaStream_t stream, const int8_t* x,
+                       const float* sx, const int8_t* w, const float* sw, OutT* y, int64_t m,
+                       int64_t k, int64_t n) {
+  switch (rows) {
+    case 64: return LaunchSplit<64, kTiles>(split, stream, x, sx, w, sw, y, m, k, n);
+    case 128: return LaunchSplit<128, kTiles>(split, stream, x, sx, w, sw, y, m, k, n);
+    default: return cudaErrorNotSupported;
+  }
+}
+
+}  // namespace
+
+bool TmaSupports(const void* x, const void* w, int64_t m, int64_t k, int64_t n) {
+  const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  // TMA: 16-byte row strides and base addresses; coordinates are int32.
+  return m >= 1 && m <= kMaxTokens && k % 16 == 0 && k < (int64_t{1} << 31) &&
+         n < (int64_t{1} << 31) && aligned(x) && aligned(w);
+}
+
+template <typename OutT>
+cudaError_t RunTma(int rows_per_block, int split, cudaStream_t stream, const int8_t* x,
+                   const float* sx, const int8_t* w, const float* sw, OutT* y, int64_t m,
+                   int64_t k, int64_t n) {
+  if (m <= 16) return LaunchRows<2>(rows_per_block, split, stream, x, sx, w, sw, y, m, k, n);
+  if (m <= 32) return LaunchRows<4>(rows_per_block, split, stream, x, sx, w, sw, y, m, k, n);
+  if (m <= 64) return LaunchRows<8>(rows_per_block, split, stream, x, sx, w, sw, y, m, k, n);
+  return cudaErrorNotSupported;
+}
+
+template cudaError_t RunTma<float>(int, int, cudaStream_t, const int8_t*, const float*,
+                                   const int8_t*, const float*, float*, int64_t, int64_t, int64_t);
+template cudaError_t RunTma<uint16_t>(int, int, cudaStream_t, const int8_t*, const float*,
+                                      const int8_t*, const float*, uint16_t*, int64_t, int64_t,
+                                      int64_t);
+
+}  // namespace prism
