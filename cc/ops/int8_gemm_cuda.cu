@@ -6,6 +6,7 @@
 // H200: benchmarks/results/gemm_h200*/):
 //   M <= 8             the weight-streaming decode kernel (int8_gemm_decode.cu); N < 8192 in
 //                      clusters of two blocks splitting K
+//   M <= 16            gate_up and down: the TMA-fed streaming kernel (int8_gemm_tma.cu)
 //   larger M           a CUTLASS SM90 kernel (int8_gemm_sm90_*.cu), data-parallel or stream-K;
 //                      stream-K's partial sums live in the call's workspace result
 //   anything else      (K % 16 != 0, unaligned rows or pointers) the shared-memory __dp4a
@@ -186,6 +187,11 @@ cudaError_t LaunchSimt(cudaStream_t stream, const int8_t* x, const float* sx, co
 // (N < 8192: o and down, 168 blocks of 32 rows on 132 SMs) take clusters of two blocks splitting
 // each slab's K: down 38.2 -> 31.4 µs (3.02 -> 3.68 TB/s), o 8.9 -> 8.2; qkv and gate_up lose
 // (14.0 -> 19.6, 62 -> 78), and so does every split at M = 16-64 and of 4 or 8 blocks.
+// Session 21 (results/gemm_h200_session21/, kernel time, two runs): the TMA-fed kernel
+// (int8_gemm_tma.cu) at 8 < M <= 16 on gate_up, one block of 128 rows a slab (62.7-63.8 µs
+// against the swapped tile's 64.3-64.4), and on down, clusters of two (33.4-34.1 against
+// 35.7); at M = 32-64 and on qkv and o it loses or ties. Where the TMA kernel cannot run
+// (alignment), its bucket's CUTLASS tile does.
 struct Bucket {
   int64_t max_m;
   int decode_rows;
@@ -195,6 +201,7 @@ struct Bucket {
   Sm90Order order = {};
   int split = 1;     // decode or tma: blocks (one cluster) sharing a slab's K
   int tma_rows = 0;  // > 0: the TMA-fed streaming kernel with that many weight rows per block
+                     // (`tile` where it cannot run)
 };
 constexpr int64_t kWideN = 16384;  // gate_up (N = 43008) among the 27B shapes
 constexpr int64_t kLongK = 8192;   // down (K = 21504)
@@ -202,6 +209,8 @@ constexpr int64_t kMidN = 8192;    // qkv (N = 8192) and gate_up, not o (N = 537
 constexpr Bucket kBucketsF32[] = {
     {8, 32, Sm90Tile::kSwap128x64, kMidN},
     {8, 32, Sm90Tile::kSwap128x64, 0, 0, {}, 2},
+    {16, 0, Sm90Tile::kSwap128x64, kWideN, 0, {}, 1, 128},
+    {16, 0, Sm90Tile::kSwapPing64x32, 0, kLongK, {}, 2, 128},
     {32, 0, Sm90Tile::kSwap128x64, kWideN},
     {32, 0, Sm90Tile::kSwapPing64x32},
     {64, 0, Sm90Tile::kSwap128x64, kWideN},
@@ -318,8 +327,7 @@ cudaError_t Dispatch(cudaStream_t stream, const int8_t* x, const float* sx, cons
       e = RunDecode(choice.decode_rows, choice.split, stream, x, sx, w, sw, y, m, k, n);
     } else if (choice.tma_rows > 0 && TmaSupports(x, w, m, k, n)) {
       e = RunTma(choice.tma_rows, choice.split, stream, x, sx, w, sw, y, m, k, n);
-    } else if (choice.decode_rows == 0 && choice.tma_rows == 0 &&
-               Sm90Supports(x, w, y, k, n, sizeof(OutT))) {
+    } else if (choice.decode_rows == 0 && Sm90Supports(x, w, y, k, n, sizeof(OutT))) {
       e = RunSm90(choice.tile, stream, x, sx, w, sw, y, m, k, n, workspace, workspace_bytes,
                   choice.order);
       if (e == cudaErrorNotSupported && DataParallelTwin(choice.tile) != choice.tile) {

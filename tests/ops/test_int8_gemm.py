@@ -86,6 +86,17 @@ def test_leading_rows_match_the_slice(device, rng, r, rows, k, n, out_dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m,k,n", [(9, 64, 16400), (16, 8208, 136), (12, 8192, 16384)])
+def test_dispatch_streams_small_m_exactly(gpu, rng, m, k, n):
+    """The dispatch's TMA buckets (8 < M <= 16: N >= 16384, K >= 8192), unforced."""
+    x, w = random_int8(rng, (m, k), extreme=True), random_int8(rng, (n, k), extreme=True)
+    s_x = rng.uniform(1e-4, 1e-1, m).astype(np.float32)
+    s_w = rng.uniform(1e-4, 1e-1, n).astype(np.float32)
+    expected = epilogue(x.astype(np.int64) @ w.astype(np.int64).T, s_x, s_w)
+    assert_bitwise_equal(run_on(gpu, ops.int8_gemm, x, s_x, w, s_w), expected, f"{(m, k, n)}")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["tma64", "tma128k2", "decode32k2"])
 def test_leading_rows_with_streaming_kernels(gpu, rng, monkeypatch, kernel):
     """The streaming kernels read x through its first M rows only (the TMA's tensor map has M
