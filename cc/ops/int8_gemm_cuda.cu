@@ -6,7 +6,7 @@
 // H200: benchmarks/results/gemm_h200*/):
 //   M <= 8             the weight-streaming decode kernel (int8_gemm_decode.cu); N < 8192 in
 //                      clusters of two blocks splitting K
-//   M <= 16            gate_up and down: the TMA-fed streaming kernel (int8_gemm_tma.cu)
+//   M <= 16, K >= 8192 (down): the TMA-fed streaming kernel (int8_gemm_tma.cu), clusters of two
 //   larger M           a CUTLASS SM90 kernel (int8_gemm_sm90_*.cu), data-parallel or stream-K;
 //                      stream-K's partial sums live in the call's workspace result
 //   anything else      (K % 16 != 0, unaligned rows or pointers) the shared-memory __dp4a
@@ -187,11 +187,11 @@ cudaError_t LaunchSimt(cudaStream_t stream, const int8_t* x, const float* sx, co
 // (N < 8192: o and down, 168 blocks of 32 rows on 132 SMs) take clusters of two blocks splitting
 // each slab's K: down 38.2 -> 31.4 µs (3.02 -> 3.68 TB/s), o 8.9 -> 8.2; qkv and gate_up lose
 // (14.0 -> 19.6, 62 -> 78), and so does every split at M = 16-64 and of 4 or 8 blocks.
-// Session 21 (results/gemm_h200_session21/, kernel time, two runs): the TMA-fed kernel
-// (int8_gemm_tma.cu) at 8 < M <= 16 on gate_up, one block of 128 rows a slab (62.7-63.8 µs
-// against the swapped tile's 64.3-64.4), and on down, clusters of two (33.4-34.1 against
-// 35.7); at M = 32-64 and on qkv and o it loses or ties. Where the TMA kernel cannot run
-// (alignment), its bucket's CUTLASS tile does.
+// Session 21 (results/gemm_h200_session21/, kernel time): the TMA-fed kernel (int8_gemm_tma.cu)
+// in clusters of two at 8 < M <= 16 on down (K >= 8192): 32.9-34.1 µs against the swapped
+// 64x32 tile's 34.3-35.7 in three runs. On gate_up one block a slab tied the swapped 128x64 tile
+// (62.7-64.8 against 63.6-64.4 in four runs), and at M = 32-64 and on qkv and o it loses or
+// ties. Where the TMA kernel cannot run (alignment), its bucket's CUTLASS tile does.
 struct Bucket {
   int64_t max_m;
   int decode_rows;
@@ -209,7 +209,6 @@ constexpr int64_t kMidN = 8192;    // qkv (N = 8192) and gate_up, not o (N = 537
 constexpr Bucket kBucketsF32[] = {
     {8, 32, Sm90Tile::kSwap128x64, kMidN},
     {8, 32, Sm90Tile::kSwap128x64, 0, 0, {}, 2},
-    {16, 0, Sm90Tile::kSwap128x64, kWideN, 0, {}, 1, 128},
     {16, 0, Sm90Tile::kSwapPing64x32, 0, kLongK, {}, 2, 128},
     {32, 0, Sm90Tile::kSwap128x64, kWideN},
     {32, 0, Sm90Tile::kSwapPing64x32},
