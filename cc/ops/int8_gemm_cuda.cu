@@ -190,8 +190,8 @@ cudaError_t LaunchSimt(cudaStream_t stream, const int8_t* x, const float* sx, co
 // Session 21 (results/gemm_h200_session21/, kernel time): the TMA-fed kernel (int8_gemm_tma.cu)
 // in clusters of two at 8 < M <= 16 on down (K >= 8192): 32.9-34.1 µs against the swapped
 // 64x32 tile's 34.3-35.7 in three runs. On gate_up one block a slab tied the swapped 128x64 tile
-// (62.7-64.8 against 63.6-64.4 in four runs), and at M = 32-64 and on qkv and o it loses or
-// ties. Where the TMA kernel cannot run (alignment), its bucket's CUTLASS tile does.
+// (62.7-64.8 in three runs against 63.6-64.4 in four), and at M = 32-64 and on qkv and o it
+// loses or ties. Where the TMA kernel cannot run (alignment), its bucket's CUTLASS tile does.
 struct Bucket {
   int64_t max_m;
   int decode_rows;
