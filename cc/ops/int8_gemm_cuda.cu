@@ -16,8 +16,9 @@
 //
 // PRISM_INT8_GEMM_KERNEL (benchmarks only) forces one kernel by name, read on every call:
 // simt, decode16, decode32, decode64, decode16k<S> / decode32k<S> (S = 2, 4, 8: a cluster of S
-// blocks splitting K), tma64 / tma128 and tma64k<S> / tma128k<S> (S = 2, 4; M <= 64), or a tile
-// of Sm90TileName(); unsupported shapes still fall back.
+// blocks splitting K), tma64 / tma128 and tma64k<S> / tma128k<S> (S = 2, 4; M <= 64; mma.sync
+// consumers), tmawg64 / tmawg128 / tmawg64k<S> / tmawg128k<S> (the same with wgmma consumers,
+// float32 output), or a tile of Sm90TileName(); unsupported shapes still fall back.
 // PRISM_INT8_GEMM_RASTER=m|n and PRISM_INT8_GEMM_SWIZZLE=1|2|4|8 (benchmarks only) force the
 // CUTLASS tile order (Sm90Order). Under a command buffer what is in force at capture is what
 // is replayed.
@@ -202,6 +203,7 @@ struct Bucket {
   int split = 1;     // decode or tma: blocks (one cluster) sharing a slab's K
   int tma_rows = 0;  // > 0: the TMA-fed streaming kernel with that many weight rows per block
                      // (`tile` where it cannot run)
+  bool tma_wgmma = false;  // its consumers: wgmma warpgroups, else mma.sync warps
 };
 constexpr int64_t kWideN = 16384;  // gate_up (N = 43008) among the 27B shapes
 constexpr int64_t kLongK = 8192;   // down (K = 21504)
@@ -271,14 +273,16 @@ bool Forced(int64_t m, Bucket* choice, bool* simt) {
       }
     }
   }
-  for (int rows : {64, 128}) {
-    for (int split : {1, 2, 4}) {
-      // tma<rows> (one block a slab) or tma<rows>k<split> (a cluster of split blocks)
-      const std::string forced =
-          "tma" + std::to_string(rows) + (split > 1 ? "k" + std::to_string(split) : "");
-      if (std::strcmp(name, forced.c_str()) == 0) {
-        *choice = {m, 0, Sm90Tile::kCoop128x256, 0, 0, {}, split, rows};
-        return true;
+  for (const bool wgmma : {false, true}) {
+    for (int rows : {64, 128}) {
+      for (int split : {1, 2, 4}) {
+        // tma<rows> / tmawg<rows> (one block a slab), or ...k<split> (a cluster of split blocks)
+        const std::string forced = std::string(wgmma ? "tmawg" : "tma") + std::to_string(rows) +
+                                   (split > 1 ? "k" + std::to_string(split) : "");
+        if (std::strcmp(name, forced.c_str()) == 0) {
+          *choice = {m, 0, Sm90Tile::kCoop128x256, 0, 0, {}, split, rows, wgmma};
+          return true;
+        }
       }
     }
   }
@@ -325,8 +329,12 @@ cudaError_t Dispatch(cudaStream_t stream, const int8_t* x, const float* sx, cons
     if (choice.decode_rows > 0 && DecodeSupports(x, w, m, k)) {
       e = RunDecode(choice.decode_rows, choice.split, stream, x, sx, w, sw, y, m, k, n);
     } else if (choice.tma_rows > 0 && TmaSupports(x, w, m, k, n)) {
-      e = RunTma(choice.tma_rows, choice.split, stream, x, sx, w, sw, y, m, k, n);
-    } else if (choice.decode_rows == 0 && Sm90Supports(x, w, y, k, n, sizeof(OutT))) {
+      e = RunTma(choice.tma_rows, choice.split, choice.tma_wgmma, stream, x, sx, w, sw, y, m, k,
+                 n);
+    }
+    // A TMA bucket the kernel does not build (bf16 wgmma) runs its CUTLASS tile.
+    if (e == cudaErrorNotSupported && choice.decode_rows == 0 &&
+        Sm90Supports(x, w, y, k, n, sizeof(OutT))) {
       e = RunSm90(choice.tile, stream, x, sx, w, sw, y, m, k, n, workspace, workspace_bytes,
                   choice.order);
       if (e == cudaErrorNotSupported && DataParallelTwin(choice.tile) != choice.tile) {

@@ -26,6 +26,7 @@
 #include "cc/common.h"
 #include "cc/cuda_common.cuh"
 #include "cc/numerics.h"
+#include "cc/ops/cluster_launch.cuh"
 #include "cc/ops/int8_gemm_kernels.h"
 
 namespace prism {
@@ -202,27 +203,9 @@ cudaError_t Launch(cudaStream_t stream, const int8_t* x, const float* sx, const 
                    const float* sw, OutT* y, int64_t m, int64_t k, int64_t n) {
   // About 64 registers of w loads in flight per lane, whatever the slab count.
   constexpr int kUnroll = kTiles >= 4 ? 2 : 8 / kSlabs;
-  const int64_t blocks = CeilDiv(n, kSlabs * 16) * kSplit;
-  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   auto* kernel = DecodeKernel<kSlabs, kTiles, kUnroll, kSplit, OutT>;
-  if constexpr (kSplit == 1) {
-    kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, sx, w, sw, y,
-                                                                   static_cast<int>(m), k, n);
-    return cudaGetLastError();
-  } else {
-    cudaLaunchAttribute cluster;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = kSplit;
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(blocks));
-    config.blockDim = dim3(kThreads);
-    config.stream = stream;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    return cudaLaunchKernelEx(&config, kernel, x, sx, w, sw, y, static_cast<int>(m), k, n);
-  }
+  return LaunchClusters(kernel, CeilDiv(n, kSlabs * 16) * kSplit, kThreads, 0, kSplit, stream, x,
+                        sx, w, sw, y, static_cast<int>(m), k, n);
 }
 
 template <int kSlabs, int kTiles, typename OutT>

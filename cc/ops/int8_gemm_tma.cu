@@ -32,10 +32,14 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "cc/common.h"
 #include "cc/cuda_common.cuh"
 #include "cc/numerics.h"
+#include "cc/ops/cluster_launch.cuh"
 #include "cc/ops/int8_gemm_tma.h"
+#include "cc/ops/wgmma_s8.cuh"
 
 namespace prism {
 namespace {
@@ -47,12 +51,16 @@ constexpr int kWarpRows = 32;         // weight rows a consumer warp owns (two m
 constexpr int kMaxTokens = 64;
 constexpr int kStageBudget = 96 * 1024;  // pipeline bytes a block: two blocks an SM
 
-template <int kRows, int kTiles>
+// kWg: the consumers are warpgroups of wgmma (one per 64 weight rows), else warps of mma.sync
+// (one per 32 rows).
+template <int kRows, int kTiles, bool kWg>
 struct Config {
   static_assert(kRows == 64 || kRows == 128, "tma kernel: 64 or 128 weight rows a block");
   static constexpr int kTokens = kTiles * 8;
-  static constexpr int kConsumers = kRows / kWarpRows;
-  static constexpr int kThreads = (kConsumers + 1) * kWarpSize;  // + the producer warp
+  static constexpr int kConsumerWarps = kWg ? kRows / 64 * 4 : kRows / kWarpRows;
+  // Arrivals that free a stage: one a warpgroup, or one a warp.
+  static constexpr int kReleases = kWg ? kRows / 64 : kConsumerWarps;
+  static constexpr int kThreads = (kConsumerWarps + 1) * kWarpSize;  // + the producer warp
   static constexpr int kWBytes = kRows * kBoxK, kXBytes = kTokens * kBoxK;
   static constexpr int kStageBytes = kWBytes + kXBytes;
   static constexpr int kStages = kStageBudget / kStageBytes > 8   ? 8
@@ -60,6 +68,7 @@ struct Config {
                                                                   : kStageBudget / kStageBytes;
   static constexpr int kSumRow = kRows + 1;  // int32 sums [kTokens][kSumRow]: +1 spreads banks
   static_assert(kTokens * kSumRow * 4 <= kStages * kStageBytes, "sums reuse the stage memory");
+  static_assert(kXBytes % 1024 == 0 && kWBytes % 1024 == 0, "swizzled tiles stay 1024-aligned");
   // Stage tiles first (each 1024-byte aligned, as the 128-byte swizzle needs), then 2 x kStages
   // mbarriers; + 1024 so the base can be aligned up.
   static constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kStageBytes +
@@ -154,77 +163,86 @@ __device__ __forceinline__ void StageProducts(uint32_t w_tile, uint32_t x_tile, 
   }
 }
 
-template <int kRows, int kTiles, int kSplit, typename OutT>
-__global__ void __launch_bounds__(Config<kRows, kTiles>::kThreads)
-    TmaStreamKernel(const __grid_constant__ CUtensorMap w_map,
-                    const __grid_constant__ CUtensorMap x_map, const float* __restrict__ sx,
-                    const float* __restrict__ sw, OutT* __restrict__ y, int m, int64_t k,
-                    int64_t n) {
-  using C = Config<kRows, kTiles>;
-  extern __shared__ uint8_t raw[];
-  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) &
-                                             ~static_cast<uintptr_t>(1023));
-  uint64_t* full = reinterpret_cast<uint64_t*>(base + C::kStages * C::kStageBytes);
-  uint64_t* empty = full + C::kStages;
-  __shared__ float s_x[C::kTokens];  // loaded under the mainloop, read by the epilogue
-  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  if (threadIdx.x < C::kTokens) s_x[threadIdx.x] = threadIdx.x < m ? sx[threadIdx.x] : 0.0f;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < C::kStages; ++s) MbarInit(&full[s], 1), MbarInit(&empty[s], C::kConsumers);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // visible to the TMA
-  }
-  __syncthreads();
+// Waits for the consumer warps only (named barrier 1): the producer may still be returning.
+template <class C>
+__device__ __forceinline__ void ConsumersSync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(C::kConsumerWarps * kWarpSize) : "memory");
+}
 
-  // A cluster is kSplit consecutive blocks along x: one slab, rank = its share of K.
-  int rank = 0;
-  if constexpr (kSplit > 1) rank = static_cast<int>(cg::this_cluster().block_rank());
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x / kSplit) * kRows;
-  const int64_t chunks = (k + kBoxK - 1) / kBoxK, share = (chunks + kSplit - 1) / kSplit;
-  const int64_t c_lo = rank * share;
-  const int64_t count = c_lo + share < chunks ? share : (chunks > c_lo ? chunks - c_lo : 0);
-
+// The mma.sync consumers: warp `warp` adds rows 32 warp .. + 31 over the block's share of K,
+// then stores its sums to sums[token][row] (the stage memory, once every consumer is done).
+// Fragment layout: d0 (row g, token 2t), d1 (g, 2t + 1), d2 (g + 8, 2t), d3 (g + 8, 2t + 1).
+template <class C>
+__device__ __forceinline__ void ConsumeMmaSync(uint8_t* base, uint64_t* full, uint64_t* empty,
+                                               int64_t count, int warp, int lane, int32_t* sums) {
+  constexpr int kTiles = C::kTokens / 8;
   int32_t acc[2][kTiles][4] = {};
-  if (warp == C::kConsumers) {
-    if (lane == 0) {  // the producer: stage s of round i / kStages, once its consumers let go
-      for (int64_t i = 0; i < count; ++i) {
-        const int s = static_cast<int>(i % C::kStages);
-        if (i >= C::kStages) MbarWait(&empty[s], static_cast<uint32_t>(i / C::kStages - 1) & 1u);
-        uint8_t* stage = base + s * C::kStageBytes;
-        const int k0 = static_cast<int>((c_lo + i) * kBoxK);
-        MbarExpectTx(&full[s], C::kStageBytes);
-        TmaLoad(stage, &w_map, k0, static_cast<int>(n0), &full[s]);
-        TmaLoad(stage + C::kWBytes, &x_map, k0, 0, &full[s]);
-      }
-    }
-  } else {
-    for (int64_t i = 0; i < count; ++i) {
-      const int s = static_cast<int>(i % C::kStages);
-      MbarWait(&full[s], static_cast<uint32_t>(i / C::kStages) & 1u);
-      const uint32_t w_tile = SmemAddr(base + s * C::kStageBytes);
-      StageProducts<kTiles>(w_tile, w_tile + C::kWBytes, warp * kWarpRows, lane, acc);
-      __syncwarp();
-      if (lane == 0) MbarArrive(&empty[s]);
+  for (int64_t i = 0; i < count; ++i) {
+    const int s = static_cast<int>(i % C::kStages);
+    MbarWait(&full[s], static_cast<uint32_t>(i / C::kStages) & 1u);
+    const uint32_t w_tile = SmemAddr(base + s * C::kStageBytes);
+    StageProducts<kTiles>(w_tile, w_tile + C::kWBytes, warp * kWarpRows, lane, acc);
+    __syncwarp();
+    if (lane == 0) MbarArrive(&empty[s]);
+  }
+  ConsumersSync<C>();  // every stage consumed: its memory now holds the sums
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int f = 0; f < 2; ++f) {
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+      const int r = warp * kWarpRows + 16 * f + g, tok = 8 * j + 2 * t;
+      sums[tok * C::kSumRow + r] = acc[f][j][0];
+      sums[(tok + 1) * C::kSumRow + r] = acc[f][j][1];
+      sums[tok * C::kSumRow + r + 8] = acc[f][j][2];
+      sums[(tok + 1) * C::kSumRow + r + 8] = acc[f][j][3];
     }
   }
-  __syncthreads();  // every stage consumed: its memory now holds the sums
+}
 
-  // Fragment layout: d0 (row g, token 2t), d1 (g, 2t + 1), d2 (g + 8, 2t), d3 (g + 8, 2t + 1).
-  int32_t* sums = reinterpret_cast<int32_t*>(base);
-  if (warp < C::kConsumers) {
-    const int g = lane / 4, t = lane % 4;
+// The wgmma consumers: warpgroup `group` adds rows 64 group .. + 63, four m64 x kTokens x k32
+// products a stage read straight from the swizzled tiles. One stage's group stays in flight:
+// stage i - 1 is released once stage i's products are issued and i - 1's have completed.
+template <class C>
+__device__ __forceinline__ void ConsumeWgmma(uint8_t* base, uint64_t* full, uint64_t* empty,
+                                             int64_t count, int thread, int32_t* sums) {
+  const int group = thread / 128, t = thread % 128;
+  int32_t acc[C::kTokens / 2] = {};
+  for (int64_t i = 0; i < count; ++i) {
+    const int s = static_cast<int>(i % C::kStages);
+    MbarWait(&full[s], static_cast<uint32_t>(i / C::kStages) & 1u);
+    const uint32_t w_tile = SmemAddr(base + s * C::kStageBytes) + group * 64 * kBoxK;
+    const uint32_t x_tile = SmemAddr(base + s * C::kStageBytes + C::kWBytes);
+    WgmmaFence();
 #pragma unroll
-    for (int f = 0; f < 2; ++f) {
-#pragma unroll
-      for (int j = 0; j < kTiles; ++j) {
-        const int r = warp * kWarpRows + 16 * f + g, tok = 8 * j + 2 * t;
-        sums[tok * C::kSumRow + r] = acc[f][j][0];
-        sums[(tok + 1) * C::kSumRow + r] = acc[f][j][1];
-        sums[tok * C::kSumRow + r + 8] = acc[f][j][2];
-        sums[(tok + 1) * C::kSumRow + r + 8] = acc[f][j][3];
-      }
+    for (int kk = 0; kk < kBoxK / 32; ++kk) {
+      WgmmaS8<C::kTokens>(acc, WgmmaDescSw128(w_tile + 32 * kk), WgmmaDescSw128(x_tile + 32 * kk));
     }
+    WgmmaCommit();
+    WgmmaWait<1>();
+    if (i > 0 && t == 0) MbarArrive(&empty[(i - 1) % C::kStages]);
   }
+  WgmmaWait<0>();
+  ConsumersSync<C>();  // every stage consumed: its memory now holds the sums
+  const int v = t / kWarpSize, l = t % kWarpSize;
+#pragma unroll
+  for (int r = 0; r < C::kTokens / 2; ++r) {
+    const int row = group * 64 + 16 * v + l / 4 + 8 * ((r / 2) % 2);
+    const int tok = 8 * (r / 4) + 2 * (l % 4) + r % 2;
+    sums[tok * C::kSumRow + row] = acc[r];
+  }
+}
+
+// Every thread, once the consumers have stored their sums: thread c < kRows owns column n0 + c
+// and CTA `rank` every kSplit-th token, adding the peers' int32 sums through distributed shared
+// memory. The loop is unrolled so its shared-memory loads are in flight together (one latency a
+// block, not one an output, which had cost 13 µs at M = 64), and a warp's stores cover 128
+// contiguous bytes of a y row. The epilogue's order is part of the contract: (acc * s_x) * s_w
+// in fp32.
+template <class C, int kSplit, typename OutT>
+__device__ __forceinline__ void Epilogue(int32_t* sums, const float* s_x, const float* sw, OutT* y,
+                                         int m, int64_t n, int64_t n0, int rank) {
+  constexpr int kRows = C::kWBytes / kBoxK;
   int32_t* peer[kSplit];
   if constexpr (kSplit == 1) {
     __syncthreads();
@@ -235,10 +253,6 @@ __global__ void __launch_bounds__(Config<kRows, kTiles>::kThreads)
 #pragma unroll
     for (int q = 0; q < kSplit; ++q) peer[q] = cluster.map_shared_rank(sums, q);
   }
-  // Thread c < kRows owns column n0 + c and CTA `rank` every kSplit-th token: the loop is
-  // unrolled so its shared-memory loads are in flight together (one latency a block, not one an
-  // output, which had cost 13 µs at M = 64), and a warp's stores cover 128 contiguous bytes of a
-  // y row. The epilogue's order is part of the contract: (acc * s_x) * s_w in fp32.
   const int c = static_cast<int>(threadIdx.x);
   if (c < kRows && n0 + c < n) {
     const int64_t col = n0 + c;
@@ -256,6 +270,57 @@ __global__ void __launch_bounds__(Config<kRows, kTiles>::kThreads)
   }
   // A block's shared memory must outlive its peers' reads of it.
   if constexpr (kSplit > 1) cg::this_cluster().sync();
+}
+
+template <int kRows, int kTiles, int kSplit, bool kWg, typename OutT>
+__global__ void __launch_bounds__(Config<kRows, kTiles, kWg>::kThreads)
+    TmaStreamKernel(const __grid_constant__ CUtensorMap w_map,
+                    const __grid_constant__ CUtensorMap x_map, const float* __restrict__ sx,
+                    const float* __restrict__ sw, OutT* __restrict__ y, int m, int64_t k,
+                    int64_t n) {
+  using C = Config<kRows, kTiles, kWg>;
+  extern __shared__ uint8_t raw[];
+  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) &
+                                             ~static_cast<uintptr_t>(1023));
+  uint64_t* full = reinterpret_cast<uint64_t*>(base + C::kStages * C::kStageBytes);
+  uint64_t* empty = full + C::kStages;
+  __shared__ float s_x[C::kTokens];  // loaded under the mainloop, read by the epilogue
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  if (threadIdx.x < C::kTokens) s_x[threadIdx.x] = threadIdx.x < m ? sx[threadIdx.x] : 0.0f;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < C::kStages; ++s) MbarInit(&full[s], 1), MbarInit(&empty[s], C::kReleases);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // visible to the TMA
+  }
+  __syncthreads();
+
+  // A cluster is kSplit consecutive blocks along x: one slab, rank = its share of K.
+  int rank = 0;
+  if constexpr (kSplit > 1) rank = static_cast<int>(cg::this_cluster().block_rank());
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x / kSplit) * kRows;
+  const int64_t chunks = (k + kBoxK - 1) / kBoxK, share = (chunks + kSplit - 1) / kSplit;
+  const int64_t c_lo = rank * share;
+  const int64_t count = c_lo + share < chunks ? share : (chunks > c_lo ? chunks - c_lo : 0);
+
+  int32_t* sums = reinterpret_cast<int32_t*>(base);
+  if (warp == C::kConsumerWarps) {
+    if (lane == 0) {  // the producer: stage s of round i / kStages, once its consumers let go
+      for (int64_t i = 0; i < count; ++i) {
+        const int s = static_cast<int>(i % C::kStages);
+        if (i >= C::kStages) MbarWait(&empty[s], static_cast<uint32_t>(i / C::kStages - 1) & 1u);
+        uint8_t* stage = base + s * C::kStageBytes;
+        const int k0 = static_cast<int>((c_lo + i) * kBoxK);
+        MbarExpectTx(&full[s], C::kStageBytes);
+        TmaLoad(stage, &w_map, k0, static_cast<int>(n0), &full[s]);
+        TmaLoad(stage + C::kWBytes, &x_map, k0, 0, &full[s]);
+      }
+    }
+  } else if constexpr (kWg) {
+    ConsumeWgmma<C>(base, full, empty, count, static_cast<int>(threadIdx.x), sums);
+  } else {
+    ConsumeMmaSync<C>(base, full, empty, count, warp, lane, sums);
+  }
+  Epilogue<C, kSplit>(sums, s_x, sw, y, m, n, n0, rank);
 }
 
 // cuTensorMapEncodeTiled from the driver, found through the runtime (no libcuda link).
@@ -286,55 +351,53 @@ bool EncodeRows(CUtensorMap* map, const int8_t* p, int64_t rows, int64_t k, int 
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int kRows, int kTiles, int kSplit, typename OutT>
+template <int kRows, int kTiles, int kSplit, bool kWg, typename OutT>
 cudaError_t Launch(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
                    const float* sw, OutT* y, int64_t m, int64_t k, int64_t n) {
-  using C = Config<kRows, kTiles>;
+  using C = Config<kRows, kTiles, kWg>;
   CUtensorMap w_map, x_map;
   if (!EncodeRows(&w_map, w, n, k, kRows) || !EncodeRows(&x_map, x, m, k, C::kTokens)) {
     return cudaErrorNotSupported;
   }
-  auto* kernel = TmaStreamKernel<kRows, kTiles, kSplit, OutT>;
+  auto* kernel = TmaStreamKernel<kRows, kTiles, kSplit, kWg, OutT>;
   // Per call, not once: the attribute belongs to the current device.
   const cudaError_t attr = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(C::kSmemBytes));
   if (attr != cudaSuccess) return attr;
-  const int64_t blocks = CeilDiv(n, kRows) * kSplit;
-  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = kSplit;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(blocks));
-  config.blockDim = dim3(C::kThreads);
-  config.dynamicSmemBytes = C::kSmemBytes;
-  config.stream = stream;
-  config.attrs = &cluster;
-  config.numAttrs = kSplit > 1 ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, w_map, x_map, sx, sw, y, static_cast<int>(m), k, n);
+  return LaunchClusters(kernel, CeilDiv(n, kRows) * kSplit, C::kThreads, C::kSmemBytes, kSplit,
+                        stream, w_map, x_map, sx, sw, y, static_cast<int>(m), k, n);
 }
 
-template <int kRows, int kTiles, typename OutT>
+template <int kRows, int kTiles, bool kWg, typename OutT>
 cudaError_t LaunchSplit(int split, cudaStream_t stream, const int8_t* x, const float* sx,
                         const int8_t* w, const float* sw, OutT* y, int64_t m, int64_t k,
                         int64_t n) {
   switch (split) {
-    case 1: return Launch<kRows, kTiles, 1>(stream, x, sx, w, sw, y, m, k, n);
-    case 2: return Launch<kRows, kTiles, 2>(stream, x, sx, w, sw, y, m, k, n);
-    case 4: return Launch<kRows, kTiles, 4>(stream, x, sx, w, sw, y, m, k, n);
+    case 1: return Launch<kRows, kTiles, 1, kWg>(stream, x, sx, w, sw, y, m, k, n);
+    case 2: return Launch<kRows, kTiles, 2, kWg>(stream, x, sx, w, sw, y, m, k, n);
+    case 4: return Launch<kRows, kTiles, 4, kWg>(stream, x, sx, w, sw, y, m, k, n);
     default: return cudaErrorNotSupported;
   }
 }
 
+// wgmma consumers are built for float32 output only (the dispatch's buckets; half the compile
+// time); a bf16 call returns cudaErrorNotSupported and the dispatch runs its CUTLASS tile.
 template <int kTiles, typename OutT>
-cudaError_t LaunchRows(int rows, int split, cudaStream_t stream, const int8_t* x,
+cudaError_t LaunchRows(int rows, int split, bool wgmma, cudaStream_t stream, const int8_t* x,
                        const float* sx, const int8_t* w, const float* sw, OutT* y, int64_t m,
                        int64_t k, int64_t n) {
+  if (wgmma) {
+    if constexpr (std::is_same_v<OutT, float>) {
+      if (rows == 64) return LaunchSplit<64, kTiles, true>(split, stream, x, sx, w, sw, y, m, k, n);
+      if (rows == 128) {
+        return LaunchSplit<128, kTiles, true>(split, stream, x, sx, w, sw, y, m, k, n);
+      }
+    }
+    return cudaErrorNotSupported;
+  }
   switch (rows) {
-    case 64: return LaunchSplit<64, kTiles>(split, stream, x, sx, w, sw, y, m, k, n);
-    case 128: return LaunchSplit<128, kTiles>(split, stream, x, sx, w, sw, y, m, k, n);
+    case 64: return LaunchSplit<64, kTiles, false>(split, stream, x, sx, w, sw, y, m, k, n);
+    case 128: return LaunchSplit<128, kTiles, false>(split, stream, x, sx, w, sw, y, m, k, n);
     default: return cudaErrorNotSupported;
   }
 }
@@ -349,18 +412,19 @@ bool TmaSupports(const void* x, const void* w, int64_t m, int64_t k, int64_t n) 
 }
 
 template <typename OutT>
-cudaError_t RunTma(int rows_per_block, int split, cudaStream_t stream, const int8_t* x,
-                   const float* sx, const int8_t* w, const float* sw, OutT* y, int64_t m,
-                   int64_t k, int64_t n) {
-  if (m <= 16) return LaunchRows<2>(rows_per_block, split, stream, x, sx, w, sw, y, m, k, n);
-  if (m <= 32) return LaunchRows<4>(rows_per_block, split, stream, x, sx, w, sw, y, m, k, n);
-  if (m <= 64) return LaunchRows<8>(rows_per_block, split, stream, x, sx, w, sw, y, m, k, n);
+cudaError_t RunTma(int rows_per_block, int split, bool wgmma, cudaStream_t stream,
+                   const int8_t* x, const float* sx, const int8_t* w, const float* sw, OutT* y,
+                   int64_t m, int64_t k, int64_t n) {
+  const int r = rows_per_block, s = split;
+  if (m <= 16) return LaunchRows<2>(r, s, wgmma, stream, x, sx, w, sw, y, m, k, n);
+  if (m <= 32) return LaunchRows<4>(r, s, wgmma, stream, x, sx, w, sw, y, m, k, n);
+  if (m <= 64) return LaunchRows<8>(r, s, wgmma, stream, x, sx, w, sw, y, m, k, n);
   return cudaErrorNotSupported;
 }
 
-template cudaError_t RunTma<float>(int, int, cudaStream_t, const int8_t*, const float*,
+template cudaError_t RunTma<float>(int, int, bool, cudaStream_t, const int8_t*, const float*,
                                    const int8_t*, const float*, float*, int64_t, int64_t, int64_t);
-template cudaError_t RunTma<uint16_t>(int, int, cudaStream_t, const int8_t*, const float*,
+template cudaError_t RunTma<uint16_t>(int, int, bool, cudaStream_t, const int8_t*, const float*,
                                       const int8_t*, const float*, uint16_t*, int64_t, int64_t,
                                       int64_t);
 

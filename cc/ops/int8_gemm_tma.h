@@ -11,14 +11,16 @@
 namespace prism {
 
 // Blocks of rows_per_block (64 or 128) weight rows x all tokens: a producer warp loads
-// [rows x 128-byte] boxes of w and x into a ring of stages, consumer warps add mma.sync
-// m16n8k32 products; split: 1, 2 or 4 blocks (a cluster) sharing a slab's K, their sums added
-// through distributed shared memory. Needs M <= 64, K % 16 == 0 and 16-byte-aligned x and w.
-// Returns cudaErrorNotSupported, with nothing launched, for a configuration it does not build.
+// [rows x 128-byte] boxes of w and x into a ring of stages; the consumers are warps adding
+// mma.sync m16n8k32 products, or (wgmma) warpgroups adding wgmma m64nNk32 products read straight
+// from the stages (float32 output only); split: 1, 2 or 4 blocks (a cluster) sharing a slab's K,
+// their sums added through distributed shared memory. Needs M <= 64, K % 16 == 0 and
+// 16-byte-aligned x and w. Returns cudaErrorNotSupported, with nothing launched, for a
+// configuration it does not build.
 bool TmaSupports(const void* x, const void* w, int64_t m, int64_t k, int64_t n);
 template <typename OutT>
-cudaError_t RunTma(int rows_per_block, int split, cudaStream_t stream, const int8_t* x,
-                   const float* sx, const int8_t* w, const float* sw, OutT* y, int64_t m,
-                   int64_t k, int64_t n);
+cudaError_t RunTma(int rows_per_block, int split, bool wgmma, cudaStream_t stream,
+                   const int8_t* x, const float* sx, const int8_t* w, const float* sw, OutT* y,
+                   int64_t m, int64_t k, int64_t n);
 
 }  // namespace prism

@@ -97,7 +97,7 @@ def test_dispatch_streams_small_m_exactly(gpu, rng, m, k, n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["tma64", "tma128k2", "decode32k2"])
+@pytest.mark.parametrize("kernel", ["tma64", "tma128k2", "tmawg128", "tmawg64k2", "decode32k2"])
 def test_leading_rows_with_streaming_kernels(gpu, rng, monkeypatch, kernel):
     """The streaming kernels read x through its first M rows only (the TMA's tensor map has M
     rows, so a box past them is zeros, not the second digit's rows)."""
@@ -160,6 +160,12 @@ CUDA_KERNELS = [
     "tma128k2",
     "tma64k4",
     "tma128k4",
+    # the same with wgmma consumers (float32 output; bf16 falls back to the CUTLASS tile)
+    "tmawg64",
+    "tmawg128",
+    "tmawg64k2",
+    "tmawg128k2",
+    "tmawg128k4",
     "sm90_coop_128x256x128_c2x1",
     "sm90_ping_64x256x128_c2x1",
     "sm90_coop_128x128x128_c2x1",
