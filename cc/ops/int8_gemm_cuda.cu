@@ -18,7 +18,8 @@
 // simt, decode16, decode32, decode64, decode16k<S> / decode32k<S> (S = 2, 4, 8: a cluster of S
 // blocks splitting K), tma64 / tma128 and tma64k<S> / tma128k<S> (S = 2, 4; M <= 64; mma.sync
 // consumers), tmawg64 / tmawg128 / tmawg64k<S> / tmawg128k<S> (the same with wgmma consumers,
-// float32 output), or a tile of Sm90TileName(); unsupported shapes still fall back.
+// float32 output), each optionally suffixed s<2-8> (its stages), or a tile of Sm90TileName();
+// unsupported shapes still fall back.
 // PRISM_INT8_GEMM_RASTER=m|n and PRISM_INT8_GEMM_SWIZZLE=1|2|4|8 (benchmarks only) force the
 // CUTLASS tile order (Sm90Order). Under a command buffer what is in force at capture is what
 // is replayed.
@@ -204,6 +205,7 @@ struct Bucket {
   int tma_rows = 0;  // > 0: the TMA-fed streaming kernel with that many weight rows per block
                      // (`tile` where it cannot run)
   bool tma_wgmma = false;  // its consumers: wgmma warpgroups, else mma.sync warps
+  int tma_stages = 0;      // its ring's stages (0: all blocks resident, int8_gemm_tma.cu)
 };
 constexpr int64_t kWideN = 16384;  // gate_up (N = 43008) among the 27B shapes
 constexpr int64_t kLongK = 8192;   // down (K = 21504)
@@ -256,6 +258,30 @@ void ForceOrder(Sm90Order* order) {
   if (s == 1 || s == 2 || s == 4 || s == 8) order->swizzle = s;
 }
 
+// tma<rows> / tmawg<rows> (one block a slab), ...k<split> (a cluster of split blocks), then
+// optionally s<stages> (2-8: the ring's stages, else as many as keep the grid resident).
+bool ForcedTma(const char* name, int64_t m, Bucket* choice) {
+  for (const bool wgmma : {false, true}) {
+    for (int rows : {64, 128}) {
+      for (int split : {1, 2, 4}) {
+        const std::string stem = std::string(wgmma ? "tmawg" : "tma") + std::to_string(rows) +
+                                 (split > 1 ? "k" + std::to_string(split) : "");
+        if (std::strncmp(name, stem.c_str(), stem.size()) != 0) continue;
+        const char* rest = name + stem.size();
+        int stages = 0;
+        if (rest[0] == 's' && rest[1] >= '2' && rest[1] <= '8' && rest[2] == '\0') {
+          stages = rest[1] - '0';
+        } else if (rest[0] != '\0') {
+          continue;
+        }
+        *choice = {m, 0, Sm90Tile::kCoop128x256, 0, 0, {}, split, rows, wgmma, stages};
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 // The benchmark override (PRISM_INT8_GEMM_KERNEL): false when unset; simt set when it names
 // the fallback kernel.
 bool Forced(int64_t m, Bucket* choice, bool* simt) {
@@ -273,19 +299,7 @@ bool Forced(int64_t m, Bucket* choice, bool* simt) {
       }
     }
   }
-  for (const bool wgmma : {false, true}) {
-    for (int rows : {64, 128}) {
-      for (int split : {1, 2, 4}) {
-        // tma<rows> / tmawg<rows> (one block a slab), or ...k<split> (a cluster of split blocks)
-        const std::string forced = std::string(wgmma ? "tmawg" : "tma") + std::to_string(rows) +
-                                   (split > 1 ? "k" + std::to_string(split) : "");
-        if (std::strcmp(name, forced.c_str()) == 0) {
-          *choice = {m, 0, Sm90Tile::kCoop128x256, 0, 0, {}, split, rows, wgmma};
-          return true;
-        }
-      }
-    }
-  }
+  if (ForcedTma(name, m, choice)) return true;
   for (int t = 0; t < kSm90TileCount; ++t) {
     if (std::strcmp(name, Sm90TileName(static_cast<Sm90Tile>(t))) == 0) {
       *choice = {m, 0, static_cast<Sm90Tile>(t)};
@@ -329,8 +343,8 @@ cudaError_t Dispatch(cudaStream_t stream, const int8_t* x, const float* sx, cons
     if (choice.decode_rows > 0 && DecodeSupports(x, w, m, k)) {
       e = RunDecode(choice.decode_rows, choice.split, stream, x, sx, w, sw, y, m, k, n);
     } else if (choice.tma_rows > 0 && TmaSupports(x, w, m, k, n)) {
-      e = RunTma(choice.tma_rows, choice.split, choice.tma_wgmma, stream, x, sx, w, sw, y, m, k,
-                 n);
+      const TmaConfig tma{choice.tma_rows, choice.split, choice.tma_wgmma, choice.tma_stages};
+      e = RunTma(tma, stream, x, sx, w, sw, y, m, k, n);
     }
     // A TMA bucket the kernel does not build (bf16 wgmma) runs its CUTLASS tile.
     if (e == cudaErrorNotSupported && choice.decode_rows == 0 &&

@@ -10,11 +10,14 @@
 // Shapes: M tokens (<= 64), K inputs (% 16 == 0), N outputs; x [M, K], w [N, K], y [M, N].
 // Block: kRows weight rows (64 or 128) x all M tokens, padded to kTokens = 16, 32 or 64. One
 // producer warp issues a TMA load a stage: a [kRows x 128-byte] box of w and a [kTokens x 128]
-// box of x (128-byte swizzle; rows past N or M and bytes past K arrive as zeros). kRows / 32
-// consumer warps each own 32 weight rows: per 32-byte k-step, ldmatrix gives two m16 A
-// fragments of w and kTokens / 8 B fragments of x, and mma.sync m16n8k32 adds exact int32
-// products. Stages turn over through full / empty mbarriers, ~96 KB of them a block, so two
-// blocks share an SM.
+// box of x (128-byte swizzle; rows past N or M and bytes past K arrive as zeros). Consumers,
+// either kind adding exact int32 products:
+//   mma.sync: kRows / 32 warps, each owning 32 weight rows: per 32-byte k-step, ldmatrix gives
+//     two m16 A fragments of w and kTokens / 8 B fragments of x for mma.sync m16n8k32;
+//   wgmma: kRows / 64 warpgroups, each owning 64 weight rows: per k-step one wgmma m64nNk32
+//     (N = kTokens) reads both tiles straight from the stage (wgmma_s8.cuh).
+// Stages turn over through full / empty mbarriers; their count is chosen at launch so that the
+// whole grid is resident at once (PickStages).
 //
 // Split over K in a cluster (kSplit = 2 or 4): the kSplit CTAs of a cluster share one slab of
 // weight rows, CTA r streaming the r-th contiguous share of its 128-byte K chunks; after a
@@ -28,10 +31,9 @@
 // time grows with M at constant weight bytes, so the mma.sync consumers, not the stream, set the
 // pace, and CUTLASS's swapped wgmma tiles stay ahead.
 #include <cooperative_groups.h>
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "cc/common.h"
@@ -39,6 +41,7 @@
 #include "cc/numerics.h"
 #include "cc/ops/cluster_launch.cuh"
 #include "cc/ops/int8_gemm_tma.h"
+#include "cc/ops/tma_pipeline.cuh"
 #include "cc/ops/wgmma_s8.cuh"
 
 namespace prism {
@@ -46,10 +49,9 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kBoxK = 128;            // K bytes a stage: one 128-byte swizzle row per tile row
+constexpr int kBoxK = kTmaBoxK;       // K bytes a stage: one 128-byte swizzle row per tile row
 constexpr int kWarpRows = 32;         // weight rows a consumer warp owns (two m16 fragments)
 constexpr int kMaxTokens = 64;
-constexpr int kStageBudget = 96 * 1024;  // pipeline bytes a block: two blocks an SM
 
 // kWg: the consumers are warpgroups of wgmma (one per 64 weight rows), else warps of mma.sync
 // (one per 32 rows).
@@ -63,56 +65,19 @@ struct Config {
   static constexpr int kThreads = (kConsumerWarps + 1) * kWarpSize;  // + the producer warp
   static constexpr int kWBytes = kRows * kBoxK, kXBytes = kTokens * kBoxK;
   static constexpr int kStageBytes = kWBytes + kXBytes;
-  static constexpr int kStages = kStageBudget / kStageBytes > 8   ? 8
-                                 : kStageBudget / kStageBytes < 3 ? 3
-                                                                  : kStageBudget / kStageBytes;
   static constexpr int kSumRow = kRows + 1;  // int32 sums [kTokens][kSumRow]: +1 spreads banks
-  static_assert(kTokens * kSumRow * 4 <= kStages * kStageBytes, "sums reuse the stage memory");
+  // The sums reuse the stage memory, so a ring has at least this many stages.
+  static constexpr int kMinStages = (kTokens * kSumRow * 4 + kStageBytes - 1) / kStageBytes > 2
+                                        ? (kTokens * kSumRow * 4 + kStageBytes - 1) / kStageBytes
+                                        : 2;
   static_assert(kXBytes % 1024 == 0 && kWBytes % 1024 == 0, "swizzled tiles stay 1024-aligned");
-  // Stage tiles first (each 1024-byte aligned, as the 128-byte swizzle needs), then 2 x kStages
+  // Stage tiles first (each 1024-byte aligned, as the 128-byte swizzle needs), then 2 x stages
   // mbarriers; + 1024 so the base can be aligned up.
-  static constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kStageBytes +
-                                       2 * kStages * sizeof(uint64_t) + 1024;
+  static constexpr size_t SmemBytes(int stages) {
+    return static_cast<size_t>(stages) * kStageBytes + 2 * stages * sizeof(uint64_t) + 1024;
+  }
 };
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void MbarInit(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)), "r"(count));
-}
-
-__device__ __forceinline__ void MbarExpectTx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void MbarArrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SmemAddr(bar)) : "memory");
-}
-
-// Waits until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n\t.reg .pred p;\n\t"
-      "WAIT:\n\t"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
-      "@!p bra WAIT;\n\t}" ::"r"(SmemAddr(bar)),
-      "r"(parity)
-      : "memory");
-}
-
-// A [rows x 128-byte] box at (k0, row0) of the tensor map into dst, completing on bar.
-__device__ __forceinline__ void TmaLoad(void* dst, const CUtensorMap* map, int k0, int row0,
-                                        uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];" ::"r"(SmemAddr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(row0), "r"(SmemAddr(bar))
-      : "memory");
-}
 
 __device__ __forceinline__ void Ldsm4(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
@@ -174,16 +139,17 @@ __device__ __forceinline__ void ConsumersSync() {
 // Fragment layout: d0 (row g, token 2t), d1 (g, 2t + 1), d2 (g + 8, 2t), d3 (g + 8, 2t + 1).
 template <class C>
 __device__ __forceinline__ void ConsumeMmaSync(uint8_t* base, uint64_t* full, uint64_t* empty,
-                                               int64_t count, int warp, int lane, int32_t* sums) {
+                                               int stages, int64_t count, int warp, int lane,
+                                               int32_t* sums) {
   constexpr int kTiles = C::kTokens / 8;
   int32_t acc[2][kTiles][4] = {};
-  for (int64_t i = 0; i < count; ++i) {
-    const int s = static_cast<int>(i % C::kStages);
-    MbarWait(&full[s], static_cast<uint32_t>(i / C::kStages) & 1u);
-    const uint32_t w_tile = SmemAddr(base + s * C::kStageBytes);
+  RingPos pos(stages);
+  for (int64_t i = 0; i < count; ++i, pos.Next()) {
+    MbarWait(&full[pos.s], pos.phase);
+    const uint32_t w_tile = SmemAddr(base + pos.s * C::kStageBytes);
     StageProducts<kTiles>(w_tile, w_tile + C::kWBytes, warp * kWarpRows, lane, acc);
     __syncwarp();
-    if (lane == 0) MbarArrive(&empty[s]);
+    if (lane == 0) MbarArrive(&empty[pos.s]);
   }
   ConsumersSync<C>();  // every stage consumed: its memory now holds the sums
   const int g = lane / 4, t = lane % 4;
@@ -205,14 +171,16 @@ __device__ __forceinline__ void ConsumeMmaSync(uint8_t* base, uint64_t* full, ui
 // stage i - 1 is released once stage i's products are issued and i - 1's have completed.
 template <class C>
 __device__ __forceinline__ void ConsumeWgmma(uint8_t* base, uint64_t* full, uint64_t* empty,
-                                             int64_t count, int thread, int32_t* sums) {
+                                             int stages, int64_t count, int thread,
+                                             int32_t* sums) {
   const int group = thread / 128, t = thread % 128;
   int32_t acc[C::kTokens / 2] = {};
-  for (int64_t i = 0; i < count; ++i) {
-    const int s = static_cast<int>(i % C::kStages);
-    MbarWait(&full[s], static_cast<uint32_t>(i / C::kStages) & 1u);
-    const uint32_t w_tile = SmemAddr(base + s * C::kStageBytes) + group * 64 * kBoxK;
-    const uint32_t x_tile = SmemAddr(base + s * C::kStageBytes + C::kWBytes);
+  RingPos pos(stages);
+  int previous = 0;  // the stage of chunk i - 1
+  for (int64_t i = 0; i < count; ++i, pos.Next()) {
+    MbarWait(&full[pos.s], pos.phase);
+    const uint32_t w_tile = SmemAddr(base + pos.s * C::kStageBytes) + group * 64 * kBoxK;
+    const uint32_t x_tile = SmemAddr(base + pos.s * C::kStageBytes + C::kWBytes);
     WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kBoxK / 32; ++kk) {
@@ -220,7 +188,8 @@ __device__ __forceinline__ void ConsumeWgmma(uint8_t* base, uint64_t* full, uint
     }
     WgmmaCommit();
     WgmmaWait<1>();
-    if (i > 0 && t == 0) MbarArrive(&empty[(i - 1) % C::kStages]);
+    if (i > 0 && t == 0) MbarArrive(&empty[previous]);
+    previous = pos.s;
   }
   WgmmaWait<0>();
   ConsumersSync<C>();  // every stage consumed: its memory now holds the sums
@@ -277,19 +246,19 @@ __global__ void __launch_bounds__(Config<kRows, kTiles, kWg>::kThreads)
     TmaStreamKernel(const __grid_constant__ CUtensorMap w_map,
                     const __grid_constant__ CUtensorMap x_map, const float* __restrict__ sx,
                     const float* __restrict__ sw, OutT* __restrict__ y, int m, int64_t k,
-                    int64_t n) {
+                    int64_t n, int stages) {
   using C = Config<kRows, kTiles, kWg>;
   extern __shared__ uint8_t raw[];
   uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) &
                                              ~static_cast<uintptr_t>(1023));
-  uint64_t* full = reinterpret_cast<uint64_t*>(base + C::kStages * C::kStageBytes);
-  uint64_t* empty = full + C::kStages;
+  uint64_t* full = reinterpret_cast<uint64_t*>(base + stages * C::kStageBytes);
+  uint64_t* empty = full + stages;
   __shared__ float s_x[C::kTokens];  // loaded under the mainloop, read by the epilogue
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   if (threadIdx.x < C::kTokens) s_x[threadIdx.x] = threadIdx.x < m ? sx[threadIdx.x] : 0.0f;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < C::kStages; ++s) MbarInit(&full[s], 1), MbarInit(&empty[s], C::kReleases);
+    for (int s = 0; s < stages; ++s) MbarInit(&full[s], 1), MbarInit(&empty[s], C::kReleases);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // visible to the TMA
   }
   __syncthreads();
@@ -304,78 +273,84 @@ __global__ void __launch_bounds__(Config<kRows, kTiles, kWg>::kThreads)
 
   int32_t* sums = reinterpret_cast<int32_t*>(base);
   if (warp == C::kConsumerWarps) {
-    if (lane == 0) {  // the producer: stage s of round i / kStages, once its consumers let go
-      for (int64_t i = 0; i < count; ++i) {
-        const int s = static_cast<int>(i % C::kStages);
-        if (i >= C::kStages) MbarWait(&empty[s], static_cast<uint32_t>(i / C::kStages - 1) & 1u);
-        uint8_t* stage = base + s * C::kStageBytes;
+    if (lane == 0) {  // the producer: a stage of round r once its consumers let go of round r - 1
+      RingPos pos(stages);
+      for (int64_t i = 0; i < count; ++i, pos.Next()) {
+        if (i >= stages) MbarWait(&empty[pos.s], pos.phase ^ 1u);
+        uint8_t* stage = base + pos.s * C::kStageBytes;
         const int k0 = static_cast<int>((c_lo + i) * kBoxK);
-        MbarExpectTx(&full[s], C::kStageBytes);
-        TmaLoad(stage, &w_map, k0, static_cast<int>(n0), &full[s]);
-        TmaLoad(stage + C::kWBytes, &x_map, k0, 0, &full[s]);
+        MbarExpectTx(&full[pos.s], C::kStageBytes);
+        TmaLoad(stage, &w_map, k0, static_cast<int>(n0), &full[pos.s]);
+        TmaLoad(stage + C::kWBytes, &x_map, k0, 0, &full[pos.s]);
       }
     }
   } else if constexpr (kWg) {
-    ConsumeWgmma<C>(base, full, empty, count, static_cast<int>(threadIdx.x), sums);
+    ConsumeWgmma<C>(base, full, empty, stages, count, static_cast<int>(threadIdx.x), sums);
   } else {
-    ConsumeMmaSync<C>(base, full, empty, count, warp, lane, sums);
+    ConsumeMmaSync<C>(base, full, empty, stages, count, warp, lane, sums);
   }
   Epilogue<C, kSplit>(sums, s_x, sw, y, m, n, n0, rank);
 }
 
-// cuTensorMapEncodeTiled from the driver, found through the runtime (no libcuda link).
-PFN_cuTensorMapEncodeTiled_v12000 Encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found;
-    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
-                                                           cudaEnableDefault, &found);
-    return e == cudaSuccess && found == cudaDriverEntryPointSuccess
-               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p)
-               : nullptr;
-  }();
-  return fn;
-}
-
-// The map of a row-major int8 [rows, k] matrix in boxes of [box_rows x 128 bytes].
-bool EncodeRows(CUtensorMap* map, const int8_t* p, int64_t rows, int64_t k, int box_rows) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = Encoder();
-  if (encode == nullptr) return false;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k)};  // bytes between rows
-  const cuuint32_t box[2] = {kBoxK, static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t step[2] = {1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<int8_t*>(p), dims, strides,
-                box, step, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+// Stages a block of C for a grid of `blocks`: as many as let every block be resident at once
+// (a weight stream gains nothing from a second wave, whose tail leaves SMs idle: session 22's
+// gate_up at M = 16 ran 336 blocks of ~96 KB two an SM), at most 8 (more hides no more latency),
+// at least C::kMinStages (the sums reuse them).
+template <class C>
+int PickStages(int64_t blocks, int forced) {
+  int device = 0, sms = 0, smem_sm = 0, smem_block = 0, reserved = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) !=
+          cudaSuccess ||
+      cudaDeviceGetAttribute(&smem_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess ||
+      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device) !=
+          cudaSuccess ||
+      sms <= 0) {
+    return C::kMinStages;
+  }
+  int stages = forced;
+  if (stages <= 0) {
+    const int64_t per_sm = (blocks + sms - 1) / sms;
+    const int64_t budget = std::min<int64_t>(smem_sm / per_sm - reserved - 256, smem_block);
+    stages = static_cast<int>(std::min<int64_t>(
+        8, (budget - 1024) / (C::kStageBytes + 2 * static_cast<int64_t>(sizeof(uint64_t)))));
+  }
+  while (stages > C::kMinStages && C::SmemBytes(stages) > static_cast<size_t>(smem_block)) {
+    --stages;
+  }
+  return std::max(stages, C::kMinStages);
 }
 
 template <int kRows, int kTiles, int kSplit, bool kWg, typename OutT>
-cudaError_t Launch(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
-                   const float* sw, OutT* y, int64_t m, int64_t k, int64_t n) {
+cudaError_t Launch(int forced_stages, cudaStream_t stream, const int8_t* x, const float* sx,
+                   const int8_t* w, const float* sw, OutT* y, int64_t m, int64_t k, int64_t n) {
   using C = Config<kRows, kTiles, kWg>;
   CUtensorMap w_map, x_map;
   if (!EncodeRows(&w_map, w, n, k, kRows) || !EncodeRows(&x_map, x, m, k, C::kTokens)) {
     return cudaErrorNotSupported;
   }
   auto* kernel = TmaStreamKernel<kRows, kTiles, kSplit, kWg, OutT>;
+  const int64_t blocks = CeilDiv(n, kRows) * kSplit;
+  const int stages = PickStages<C>(blocks, forced_stages);
+  const size_t smem = C::SmemBytes(stages);
   // Per call, not once: the attribute belongs to the current device.
   const cudaError_t attr = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(C::kSmemBytes));
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr != cudaSuccess) return attr;
-  return LaunchClusters(kernel, CeilDiv(n, kRows) * kSplit, C::kThreads, C::kSmemBytes, kSplit,
-                        stream, w_map, x_map, sx, sw, y, static_cast<int>(m), k, n);
+  return LaunchClusters(kernel, blocks, C::kThreads, smem, kSplit, stream, w_map, x_map, sx, sw,
+                        y, static_cast<int>(m), k, n, stages);
 }
 
 template <int kRows, int kTiles, bool kWg, typename OutT>
-cudaError_t LaunchSplit(int split, cudaStream_t stream, const int8_t* x, const float* sx,
+cudaError_t LaunchSplit(const TmaConfig& c, cudaStream_t stream, const int8_t* x, const float* sx,
                         const int8_t* w, const float* sw, OutT* y, int64_t m, int64_t k,
                         int64_t n) {
-  switch (split) {
-    case 1: return Launch<kRows, kTiles, 1, kWg>(stream, x, sx, w, sw, y, m, k, n);
-    case 2: return Launch<kRows, kTiles, 2, kWg>(stream, x, sx, w, sw, y, m, k, n);
-    case 4: return Launch<kRows, kTiles, 4, kWg>(stream, x, sx, w, sw, y, m, k, n);
+  switch (c.split) {
+    case 1: return Launch<kRows, kTiles, 1, kWg>(c.stages, stream, x, sx, w, sw, y, m, k, n);
+    case 2: return Launch<kRows, kTiles, 2, kWg>(c.stages, stream, x, sx, w, sw, y, m, k, n);
+    case 4: return Launch<kRows, kTiles, 4, kWg>(c.stages, stream, x, sx, w, sw, y, m, k, n);
     default: return cudaErrorNotSupported;
   }
 }
@@ -383,21 +358,21 @@ cudaError_t LaunchSplit(int split, cudaStream_t stream, const int8_t* x, const f
 // wgmma consumers are built for float32 output only (the dispatch's buckets; half the compile
 // time); a bf16 call returns cudaErrorNotSupported and the dispatch runs its CUTLASS tile.
 template <int kTiles, typename OutT>
-cudaError_t LaunchRows(int rows, int split, bool wgmma, cudaStream_t stream, const int8_t* x,
-                       const float* sx, const int8_t* w, const float* sw, OutT* y, int64_t m,
-                       int64_t k, int64_t n) {
-  if (wgmma) {
+cudaError_t LaunchRows(const TmaConfig& c, cudaStream_t stream, const int8_t* x, const float* sx,
+                       const int8_t* w, const float* sw, OutT* y, int64_t m, int64_t k,
+                       int64_t n) {
+  if (c.wgmma) {
     if constexpr (std::is_same_v<OutT, float>) {
-      if (rows == 64) return LaunchSplit<64, kTiles, true>(split, stream, x, sx, w, sw, y, m, k, n);
-      if (rows == 128) {
-        return LaunchSplit<128, kTiles, true>(split, stream, x, sx, w, sw, y, m, k, n);
+      if (c.rows == 64) return LaunchSplit<64, kTiles, true>(c, stream, x, sx, w, sw, y, m, k, n);
+      if (c.rows == 128) {
+        return LaunchSplit<128, kTiles, true>(c, stream, x, sx, w, sw, y, m, k, n);
       }
     }
     return cudaErrorNotSupported;
   }
-  switch (rows) {
-    case 64: return LaunchSplit<64, kTiles, false>(split, stream, x, sx, w, sw, y, m, k, n);
-    case 128: return LaunchSplit<128, kTiles, false>(split, stream, x, sx, w, sw, y, m, k, n);
+  switch (c.rows) {
+    case 64: return LaunchSplit<64, kTiles, false>(c, stream, x, sx, w, sw, y, m, k, n);
+    case 128: return LaunchSplit<128, kTiles, false>(c, stream, x, sx, w, sw, y, m, k, n);
     default: return cudaErrorNotSupported;
   }
 }
@@ -412,20 +387,18 @@ bool TmaSupports(const void* x, const void* w, int64_t m, int64_t k, int64_t n) 
 }
 
 template <typename OutT>
-cudaError_t RunTma(int rows_per_block, int split, bool wgmma, cudaStream_t stream,
-                   const int8_t* x, const float* sx, const int8_t* w, const float* sw, OutT* y,
-                   int64_t m, int64_t k, int64_t n) {
-  const int r = rows_per_block, s = split;
-  if (m <= 16) return LaunchRows<2>(r, s, wgmma, stream, x, sx, w, sw, y, m, k, n);
-  if (m <= 32) return LaunchRows<4>(r, s, wgmma, stream, x, sx, w, sw, y, m, k, n);
-  if (m <= 64) return LaunchRows<8>(r, s, wgmma, stream, x, sx, w, sw, y, m, k, n);
+cudaError_t RunTma(const TmaConfig& config, cudaStream_t stream, const int8_t* x, const float* sx,
+                   const int8_t* w, const float* sw, OutT* y, int64_t m, int64_t k, int64_t n) {
+  if (m <= 16) return LaunchRows<2>(config, stream, x, sx, w, sw, y, m, k, n);
+  if (m <= 32) return LaunchRows<4>(config, stream, x, sx, w, sw, y, m, k, n);
+  if (m <= 64) return LaunchRows<8>(config, stream, x, sx, w, sw, y, m, k, n);
   return cudaErrorNotSupported;
 }
 
-template cudaError_t RunTma<float>(int, int, bool, cudaStream_t, const int8_t*, const float*,
+template cudaError_t RunTma<float>(const TmaConfig&, cudaStream_t, const int8_t*, const float*,
                                    const int8_t*, const float*, float*, int64_t, int64_t, int64_t);
-template cudaError_t RunTma<uint16_t>(int, int, bool, cudaStream_t, const int8_t*, const float*,
-                                      const int8_t*, const float*, uint16_t*, int64_t, int64_t,
-                                      int64_t);
+template cudaError_t RunTma<uint16_t>(const TmaConfig&, cudaStream_t, const int8_t*,
+                                      const float*, const int8_t*, const float*, uint16_t*,
+                                      int64_t, int64_t, int64_t);
 
 }  // namespace prism

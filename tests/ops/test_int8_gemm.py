@@ -166,6 +166,10 @@ CUDA_KERNELS = [
     "tmawg64k2",
     "tmawg128k2",
     "tmawg128k4",
+    # a forced ring of two stages (the fewest; every stage reused many times) and of eight
+    "tmawg128s2",
+    "tma64s2",
+    "tmawg64k2s8",
     "sm90_coop_128x256x128_c2x1",
     "sm90_ping_64x256x128_c2x1",
     "sm90_coop_128x128x128_c2x1",
