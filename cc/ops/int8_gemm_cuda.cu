@@ -6,7 +6,10 @@
 // H200: benchmarks/results/gemm_h200*/):
 //   M <= 8             the weight-streaming decode kernel (int8_gemm_decode.cu); N < 8192 in
 //                      clusters of two blocks splitting K
-//   M <= 16, K >= 8192 (down): the TMA-fed streaming kernel (int8_gemm_tma.cu), clusters of two
+//   M <= 16            the TMA-fed streaming kernel (int8_gemm_tma.cu): wgmma consumers, 128
+//                      weight rows a block for N >= 16384 and 64 below; K >= 8192 (down):
+//                      mma.sync consumers in clusters of two
+//   M <= 32, N >= 16384 (gate_up): the TMA-fed kernel, wgmma, 128 rows a block
 //   larger M           a CUTLASS SM90 kernel (int8_gemm_sm90_*.cu), data-parallel or stream-K;
 //                      stream-K's partial sums live in the call's workspace result
 //   anything else      (K % 16 != 0, unaligned rows or pointers) the shared-memory __dp4a
@@ -194,6 +197,10 @@ cudaError_t LaunchSimt(cudaStream_t stream, const int8_t* x, const float* sx, co
 // 64x32 tile's 34.3-35.7 in three runs. On gate_up one block a slab tied the swapped 128x64 tile
 // (62.7-64.8 in three runs against 63.6-64.4 in four), and at M = 32-64 and on qkv and o it
 // loses or ties. Where the TMA kernel cannot run (alignment), its bucket's CUTLASS tile does.
+// Session 22 (results/gemm_h200_session22/): wgmma consumers and a stage count that keeps the
+// whole grid resident. At M = 16: gate_up 59.7 µs (tmawg128) against the 128x64 tile's 63.5,
+// qkv 14.3 (tmawg64) against 15.2, o 10.0 against 10.3; at M = 32 gate_up 60.2 against 64.3.
+// qkv and o at M = 32, down, and every shape at M = 64 keep their kernels (ties or losses).
 struct Bucket {
   int64_t max_m;
   int decode_rows;
@@ -213,8 +220,10 @@ constexpr int64_t kMidN = 8192;    // qkv (N = 8192) and gate_up, not o (N = 537
 constexpr Bucket kBucketsF32[] = {
     {8, 32, Sm90Tile::kSwap128x64, kMidN},
     {8, 32, Sm90Tile::kSwap128x64, 0, 0, {}, 2},
+    {16, 0, Sm90Tile::kSwap128x64, kWideN, 0, {}, 1, 128, true},
     {16, 0, Sm90Tile::kSwapPing64x32, 0, kLongK, {}, 2, 128},
-    {32, 0, Sm90Tile::kSwap128x64, kWideN},
+    {16, 0, Sm90Tile::kSwapPing64x32, 0, 0, {}, 1, 64, true},
+    {32, 0, Sm90Tile::kSwap128x64, kWideN, 0, {}, 1, 128, true},
     {32, 0, Sm90Tile::kSwapPing64x32},
     {64, 0, Sm90Tile::kSwap128x64, kWideN},
     {64, 0, Sm90Tile::kSwapPing64x64},

@@ -293,29 +293,31 @@ __global__ void __launch_bounds__(Config<kRows, kTiles, kWg>::kThreads)
 }
 
 // Stages a block of C for a grid of `blocks`: as many as let every block be resident at once
-// (a weight stream gains nothing from a second wave, whose tail leaves SMs idle: session 22's
-// gate_up at M = 16 ran 336 blocks of ~96 KB two an SM), at most 8 (more hides no more latency),
-// at least C::kMinStages (the sums reuse them).
-template <class C>
-int PickStages(int64_t blocks, int forced) {
-  int device = 0, sms = 0, smem_sm = 0, smem_block = 0, reserved = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) !=
-          cudaSuccess ||
-      cudaDeviceGetAttribute(&smem_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-          cudaSuccess ||
-      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device) !=
-          cudaSuccess ||
-      sms <= 0) {
-    return C::kMinStages;
-  }
+// where registers and threads allow (a weight stream gains nothing from a second wave, whose
+// tail leaves SMs idle: session 22's gate_up at M = 16 took 59.7 µs resident in one wave against
+// 64.4 in 1.3 waves of ~96 KB blocks), at most 8 (more hides no more latency), at least
+// C::kMinStages (the sums reuse them). forced > 0: that many, within the same bounds.
+template <class C, typename Kernel>
+int PickStages(Kernel* kernel, int64_t blocks, int forced) {
+  int device = 0, sms = 0, smem_sm = 0, smem_block = 0, reserved = 0, fit = 0;
+  const bool known =
+      cudaGetDevice(&device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) ==
+          cudaSuccess &&
+      cudaDeviceGetAttribute(&smem_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) ==
+          cudaSuccess &&
+      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device) ==
+          cudaSuccess &&
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, C::kThreads, 0) == cudaSuccess;
+  if (!known || sms <= 0 || fit <= 0) return C::kMinStages;
   int stages = forced;
   if (stages <= 0) {
-    const int64_t per_sm = (blocks + sms - 1) / sms;
+    // Blocks an SM must hold for one wave, capped by what its registers and threads allow.
+    const int64_t per_sm = std::min<int64_t>((blocks + sms - 1) / sms, fit);
     const int64_t budget = std::min<int64_t>(smem_sm / per_sm - reserved - 256, smem_block);
-    stages = static_cast<int>(std::min<int64_t>(
-        8, (budget - 1024) / (C::kStageBytes + 2 * static_cast<int64_t>(sizeof(uint64_t)))));
+    const int64_t per_stage = C::kStageBytes + 2 * static_cast<int64_t>(sizeof(uint64_t));
+    stages = static_cast<int>(std::clamp<int64_t>((budget - 1024) / per_stage, 1, 8));
   }
   while (stages > C::kMinStages && C::SmemBytes(stages) > static_cast<size_t>(smem_block)) {
     --stages;
@@ -333,7 +335,7 @@ cudaError_t Launch(int forced_stages, cudaStream_t stream, const int8_t* x, cons
   }
   auto* kernel = TmaStreamKernel<kRows, kTiles, kSplit, kWg, OutT>;
   const int64_t blocks = CeilDiv(n, kRows) * kSplit;
-  const int stages = PickStages<C>(blocks, forced_stages);
+  const int stages = PickStages<C>(kernel, blocks, forced_stages);
   const size_t smem = C::SmemBytes(stages);
   // Per call, not once: the attribute belongs to the current device.
   const cudaError_t attr = cudaFuncSetAttribute(
