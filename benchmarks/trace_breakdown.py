@@ -23,7 +23,10 @@ from jax.profiler import ProfileData
 # Kernel name pattern -> op group; the first match wins (names as nvcc / CUTLASS / XLA emit them).
 GROUPS = (
     ("tree_attention", re.compile(r"AttendKernel|WriteKernel|split::\w+Kernel|DigitMergeKernel")),
-    ("int8_gemm", re.compile(r"cutlass|Int8GemmKernel|DecodeKernel|int8_gemm", re.I)),
+    (
+        "int8_gemm",
+        re.compile(r"cutlass|Int8GemmKernel|DecodeKernel|TmaStreamKernel|int8_gemm", re.I),
+    ),
     ("rmsnorm_quant", re.compile(r"Norm(Warp|Reg|Split)?RowsKernel")),
     ("glu_quant", re.compile(r"Glu2?(Sum)?RowsKernel")),
     ("qkv_rope", re.compile(r"QkvRopeKernel")),
