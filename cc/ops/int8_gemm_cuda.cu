@@ -21,7 +21,7 @@
 // simt, decode16, decode32, decode64, decode16k<S> / decode32k<S> (S = 2, 4, 8: a cluster of S
 // blocks splitting K), tma64 / tma128 and tma64k<S> / tma128k<S> (S = 2, 4; M <= 64; mma.sync
 // consumers), tmawg64 / tmawg128 / tmawg64k<S> / tmawg128k<S> (the same with wgmma consumers,
-// float32 output), each optionally suffixed s<2-8> (its stages), or a tile of Sm90TileName();
+// float32 output), each optionally suffixed s<2-32> (its stages), or a tile of Sm90TileName();
 // unsupported shapes still fall back.
 // PRISM_INT8_GEMM_RASTER=m|n and PRISM_INT8_GEMM_SWIZZLE=1|2|4|8 (benchmarks only) force the
 // CUTLASS tile order (Sm90Order). Under a command buffer what is in force at capture is what
@@ -268,7 +268,8 @@ void ForceOrder(Sm90Order* order) {
 }
 
 // tma<rows> / tmawg<rows> (one block a slab), ...k<split> (a cluster of split blocks), then
-// optionally s<stages> (2-8: the ring's stages, else as many as keep the grid resident).
+// optionally s<stages> (2-32: the ring's stages, as shared memory allows; else as many as keep
+// the grid resident).
 bool ForcedTma(const char* name, int64_t m, Bucket* choice) {
   for (const bool wgmma : {false, true}) {
     for (int rows : {64, 128}) {
@@ -278,8 +279,10 @@ bool ForcedTma(const char* name, int64_t m, Bucket* choice) {
         if (std::strncmp(name, stem.c_str(), stem.size()) != 0) continue;
         const char* rest = name + stem.size();
         int stages = 0;
-        if (rest[0] == 's' && rest[1] >= '2' && rest[1] <= '8' && rest[2] == '\0') {
-          stages = rest[1] - '0';
+        if (rest[0] == 's') {
+          char* end = nullptr;
+          stages = static_cast<int>(std::strtol(rest + 1, &end, 10));
+          if (end == rest + 1 || *end != '\0' || stages < 2 || stages > 32) continue;
         } else if (rest[0] != '\0') {
           continue;
         }

@@ -53,6 +53,7 @@ namespace cg = cooperative_groups;
 constexpr int kBoxK = kTmaBoxK;       // K bytes a stage: one 128-byte swizzle row per tile row
 constexpr int kWarpRows = 32;         // weight rows a consumer warp owns (two m16 fragments)
 constexpr int kMaxTokens = 64;
+constexpr int kMaxStages = 8;  // the launch rule's cap (a forced count may exceed it)
 
 // kWg: the consumers are warpgroups of wgmma (one per 64 weight rows), else warps of mma.sync
 // (one per 32 rows).
@@ -258,6 +259,10 @@ __global__ void __launch_bounds__(Config<kRows, kTiles, kWg>::kThreads)
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
   if (threadIdx.x < C::kTokens) s_x[threadIdx.x] = threadIdx.x < m ? sx[threadIdx.x] : 0.0f;
+  if (threadIdx.x == C::kConsumerWarps * kWarpSize) {  // the producer, under the set-up
+    TmaPrefetchMap(&w_map);
+    TmaPrefetchMap(&x_map);
+  }
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) MbarInit(&full[s], 1), MbarInit(&empty[s], C::kReleases);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // visible to the TMA
@@ -296,7 +301,7 @@ __global__ void __launch_bounds__(Config<kRows, kTiles, kWg>::kThreads)
 // Stages a block of C for a grid of `blocks`: as many as let every block be resident at once
 // where registers and threads allow (a weight stream gains nothing from a second wave, whose
 // tail leaves SMs idle: session 22's gate_up at M = 16 took 59.7 µs resident in one wave against
-// 64.4 in 1.3 waves of ~96 KB blocks), at most 8 (more hides no more latency), at least
+// 64.4 in 1.3 waves of ~96 KB blocks), at most kMaxStages, at least
 // C::kMinStages (the sums reuse them). forced > 0: that many, within the same bounds.
 template <class C, typename Kernel>
 int PickStages(Kernel* kernel, int64_t blocks, int forced) {
@@ -318,7 +323,7 @@ int PickStages(Kernel* kernel, int64_t blocks, int forced) {
     const int64_t per_sm = std::min<int64_t>((blocks + sms - 1) / sms, fit);
     const int64_t budget = std::min<int64_t>(smem_sm / per_sm - reserved - 256, smem_block);
     const int64_t per_stage = C::kStageBytes + 2 * static_cast<int64_t>(sizeof(uint64_t));
-    stages = static_cast<int>(std::clamp<int64_t>((budget - 1024) / per_stage, 1, 8));
+    stages = static_cast<int>(std::clamp<int64_t>((budget - 1024) / per_stage, 1, kMaxStages));
   }
   while (stages > C::kMinStages && C::SmemBytes(stages) > static_cast<size_t>(smem_block)) {
     --stages;

@@ -53,6 +53,12 @@ __device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
+// Fetches a tensor map (a __grid_constant__ kernel parameter) into the TMA unit's cache ahead
+// of its first load.
+__device__ __forceinline__ void TmaPrefetchMap(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
 // A [rows x 128-byte] box at (k0, row0) of the tensor map into dst, completing on bar.
 __device__ __forceinline__ void TmaLoad(void* dst, const CUtensorMap* map, int k0, int row0,
                                         uint64_t* bar) {

@@ -174,6 +174,7 @@ CUDA_KERNELS = [
     "tmawg128s2",
     "tma64s2",
     "tmawg64k2s8",
+    "tmawg64s24",  # more stages than the launch rule's cap (clamped to the shared memory)
     "sm90_coop_128x256x128_c2x1",
     "sm90_ping_64x256x128_c2x1",
     "sm90_coop_128x128x128_c2x1",
