@@ -6,10 +6,10 @@
 // H200: benchmarks/results/gemm_h200*/):
 //   M <= 8             the weight-streaming decode kernel (int8_gemm_decode.cu); N < 8192 in
 //                      clusters of two blocks splitting K
-//   M <= 16            the TMA-fed streaming kernel (int8_gemm_tma.cu): wgmma consumers, 128
-//                      weight rows a block for N >= 16384 and 64 below; K >= 8192 (down):
-//                      mma.sync consumers in clusters of two
-//   M <= 32, N >= 16384 (gate_up): the TMA-fed kernel, wgmma, 128 rows a block
+//   M <= 16            the TMA-fed streaming kernel (int8_gemm_tma.cu) with wgmma consumers:
+//                      128 weight rows a block for N >= 16384, 64 below (twelve stages for
+//                      N < 8192 or K >= 8192)
+//   M <= 32            the same for N >= 16384 (gate_up) and K >= 8192 (down)
 //   larger M           a CUTLASS SM90 kernel (int8_gemm_sm90_*.cu), data-parallel or stream-K;
 //                      stream-K's partial sums live in the call's workspace result
 //   anything else      (K % 16 != 0, unaligned rows or pointers) the shared-memory __dp4a
@@ -201,6 +201,9 @@ cudaError_t LaunchSimt(cudaStream_t stream, const int8_t* x, const float* sx, co
 // whole grid resident. At M = 16: gate_up 59.7 µs (tmawg128) against the 128x64 tile's 63.5,
 // qkv 14.3 (tmawg64) against 15.2, o 10.0 against 10.3; at M = 32 gate_up 60.2 against 64.3.
 // qkv and o at M = 32, down, and every shape at M = 64 keep their kernels (ties or losses).
+// Twelve stages for the narrow weights, whose 64-row grids hold one block an SM (84 blocks):
+// down 31.7 / 32.6 µs at M = 16 / 32 against 33.9 / 34.7 at eight and 34.8 / 34.2 for the
+// kernels before, o 9.4 against 9.9 at M = 16; qkv (128 blocks) 14.6 against 14.3 at eight.
 struct Bucket {
   int64_t max_m;
   int decode_rows;
@@ -221,9 +224,11 @@ constexpr Bucket kBucketsF32[] = {
     {8, 32, Sm90Tile::kSwap128x64, kMidN},
     {8, 32, Sm90Tile::kSwap128x64, 0, 0, {}, 2},
     {16, 0, Sm90Tile::kSwap128x64, kWideN, 0, {}, 1, 128, true},
-    {16, 0, Sm90Tile::kSwapPing64x32, 0, kLongK, {}, 2, 128},
-    {16, 0, Sm90Tile::kSwapPing64x32, 0, 0, {}, 1, 64, true},
+    {16, 0, Sm90Tile::kSwapPing64x32, 0, kLongK, {}, 1, 64, true, 12},
+    {16, 0, Sm90Tile::kSwapPing64x32, kMidN, 0, {}, 1, 64, true},
+    {16, 0, Sm90Tile::kSwapPing64x32, 0, 0, {}, 1, 64, true, 12},
     {32, 0, Sm90Tile::kSwap128x64, kWideN, 0, {}, 1, 128, true},
+    {32, 0, Sm90Tile::kSwapPing64x32, 0, kLongK, {}, 1, 64, true, 12},
     {32, 0, Sm90Tile::kSwapPing64x32},
     {64, 0, Sm90Tile::kSwap128x64, kWideN},
     {64, 0, Sm90Tile::kSwapPing64x64},

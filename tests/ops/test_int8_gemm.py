@@ -88,11 +88,19 @@ def test_leading_rows_match_the_slice(device, rng, r, rows, k, n, out_dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "m,k,n",
-    [(9, 64, 16400), (16, 8208, 136), (12, 8192, 16384), (14, 1040, 520), (31, 2064, 16392)],
+    [
+        (9, 64, 16400),
+        (16, 8208, 136),
+        (12, 8192, 16384),
+        (14, 1040, 520),
+        (15, 528, 8200),
+        (31, 2064, 16392),
+        (32, 8208, 264),
+    ],
 )
 def test_dispatch_streams_small_m_exactly(gpu, rng, m, k, n):
-    """The dispatch at 8 < M <= 32 around its TMA buckets (wgmma at N >= 16384 up to M = 32 and
-    at M <= 16 below; mma.sync clusters at K >= 8192), unforced."""
+    """The dispatch at 8 < M <= 32 around its TMA buckets (N >= 16384 and K >= 8192 up to
+    M = 32, the rest at M <= 16, with the rule's stages or twelve), unforced."""
     x, w = random_int8(rng, (m, k), extreme=True), random_int8(rng, (n, k), extreme=True)
     s_x = rng.uniform(1e-4, 1e-1, m).astype(np.float32)
     s_w = rng.uniform(1e-4, 1e-1, n).astype(np.float32)
