@@ -26,11 +26,11 @@
 // 128 rows) otherwise leave most SMs idle. Integer sums are exact in any order, so every
 // variant gives the same bits as the CPU.
 //
-// Measured on the H200 (results/gemm_h200_session21/, _session22/): down at M = 16 in clusters
-// of two (mma.sync) at 3.44-3.51 TB/s; gate_up at M = 16 / 32 with wgmma and 128 rows at 3.84 /
-// 3.83 TB/s once the grid is resident (59.7 µs against 64.4 at two ~96 KB blocks an SM: the
-// second wave's tail, not the consumers, had held it back); qkv and o at M = 16 with wgmma and 64
-// rows. At M = 64, and for qkv, o and down at M = 32, CUTLASS's swapped tiles stay ahead.
+// Measured on the H200 (results/gemm_h200_session21/, _session22/): gate_up at M = 16 / 32 with
+// wgmma and 128 rows at 3.85 / 3.82 TB/s once the grid is resident (59.7 µs against 64.4 at two
+// ~96 KB blocks an SM: the second wave's tail, not the consumers, had held it back); down at
+// M = 16 / 32 with wgmma, 64 rows and twelve stages at 3.65 / 3.55; qkv and o at M = 16 with 64
+// rows. At M = 64, and for qkv and o at M = 32, CUTLASS's swapped tiles stay ahead.
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
