@@ -34,7 +34,6 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <type_traits>
 
 #include "cc/common.h"
@@ -298,39 +297,6 @@ __global__ void __launch_bounds__(Config<kRows, kTiles, kWg>::kThreads)
   Epilogue<C, kSplit>(sums, s_x, sw, y, m, n, n0, rank);
 }
 
-// Stages a block of C for a grid of `blocks`: as many as let every block be resident at once
-// where registers and threads allow (a weight stream gains nothing from a second wave, whose
-// tail leaves SMs idle: session 22's gate_up at M = 16 took 59.7 µs resident in one wave against
-// 64.4 in 1.3 waves of ~96 KB blocks), at most kMaxStages, at least
-// C::kMinStages (the sums reuse them). forced > 0: that many, within the same bounds.
-template <class C, typename Kernel>
-int PickStages(Kernel* kernel, int64_t blocks, int forced) {
-  int device = 0, sms = 0, smem_sm = 0, smem_block = 0, reserved = 0, fit = 0;
-  const bool known =
-      cudaGetDevice(&device) == cudaSuccess &&
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
-      cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) ==
-          cudaSuccess &&
-      cudaDeviceGetAttribute(&smem_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) ==
-          cudaSuccess &&
-      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device) ==
-          cudaSuccess &&
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, C::kThreads, 0) == cudaSuccess;
-  if (!known || sms <= 0 || fit <= 0) return C::kMinStages;
-  int stages = forced;
-  if (stages <= 0) {
-    // Blocks an SM must hold for one wave, capped by what its registers and threads allow.
-    const int64_t per_sm = std::min<int64_t>((blocks + sms - 1) / sms, fit);
-    const int64_t budget = std::min<int64_t>(smem_sm / per_sm - reserved - 256, smem_block);
-    const int64_t per_stage = C::kStageBytes + 2 * static_cast<int64_t>(sizeof(uint64_t));
-    stages = static_cast<int>(std::clamp<int64_t>((budget - 1024) / per_stage, 1, kMaxStages));
-  }
-  while (stages > C::kMinStages && C::SmemBytes(stages) > static_cast<size_t>(smem_block)) {
-    --stages;
-  }
-  return std::max(stages, C::kMinStages);
-}
-
 template <int kRows, int kTiles, int kSplit, bool kWg, typename OutT>
 cudaError_t Launch(int forced_stages, cudaStream_t stream, const int8_t* x, const float* sx,
                    const int8_t* w, const float* sw, OutT* y, int64_t m, int64_t k, int64_t n) {
@@ -341,7 +307,7 @@ cudaError_t Launch(int forced_stages, cudaStream_t stream, const int8_t* x, cons
   }
   auto* kernel = TmaStreamKernel<kRows, kTiles, kSplit, kWg, OutT>;
   const int64_t blocks = CeilDiv(n, kRows) * kSplit;
-  const int stages = PickStages<C>(kernel, blocks, forced_stages);
+  const int stages = PickStages<C>(kernel, blocks, forced_stages, kMaxStages);
   const size_t smem = C::SmemBytes(stages);
   // Per call, not once: the attribute belongs to the current device.
   const cudaError_t attr = cudaFuncSetAttribute(
