@@ -32,23 +32,44 @@ STATE = (
     "yesterday; it said my session expired. Please help, this is the second time this year."
 )
 QUESTIONS = {
-    "topic": {"type": "choice", "instructions": "What is this ticket mainly about?",
-              "criteria": {"billing": None, "technical": None, "account": None}},
+    "topic": {
+        "type": "choice",
+        "instructions": "What is this ticket mainly about?",
+        "criteria": {"billing": None, "technical": None, "account": None},
+    },
     "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
-    "urgency": {"type": "score", "instructions": "How urgent is it?",
-                "criteria": ["low", "medium", "high"]},
-    "plan": {"type": "choice", "instructions": "Which plan is the customer on?",
-             "criteria": {"free": None, "basic": None, "premium": None}},
+    "urgency": {
+        "type": "score",
+        "instructions": "How urgent is it?",
+        "criteria": ["low", "medium", "high"],
+    },
+    "plan": {
+        "type": "choice",
+        "instructions": "Which plan is the customer on?",
+        "criteria": {"free": None, "basic": None, "premium": None},
+    },
     "login": {"type": "noul", "instructions": "Does the customer mention a login problem?"},
-    "sentiment": {"type": "choice", "instructions": "What is the customer's mood?",
-                  "criteria": {"calm": None, "worried": None, "angry": None}},
+    "sentiment": {
+        "type": "choice",
+        "instructions": "What is the customer's mood?",
+        "criteria": {"calm": None, "worried": None, "angry": None},
+    },
     "repeat": {"type": "noul", "instructions": "Has this happened before?"},
-    "team": {"type": "choice", "instructions": "Which team should handle it?",
-             "criteria": {"finance": None, "engineering": None, "sales": None}},
-    "priority": {"type": "score", "instructions": "What priority should it get?",
-                 "criteria": ["P3", "P2", "P1"]},
-    "language": {"type": "choice", "instructions": "Which language is the ticket in?",
-                 "criteria": {"English": None, "French": None, "German": None}},
+    "team": {
+        "type": "choice",
+        "instructions": "Which team should handle it?",
+        "criteria": {"finance": None, "engineering": None, "sales": None},
+    },
+    "priority": {
+        "type": "score",
+        "instructions": "What priority should it get?",
+        "criteria": ["P3", "P2", "P1"],
+    },
+    "language": {
+        "type": "choice",
+        "instructions": "Which language is the ticket in?",
+        "criteria": {"English": None, "French": None, "German": None},
+    },
 }
 SCENARIOS = {"one_question": ["topic"], "ten_questions": list(QUESTIONS)}
 
@@ -63,8 +84,14 @@ def time_engine(engine: Engine, qids: list[str], runs: int, warmup: int = 2) -> 
         start = time.perf_counter()
         response = engine.decide(STATE, questions)
         times.append(time.perf_counter() - start)
-    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
-            "runs": runs, "input_tokens": response["usage"]["input_tokens"], "response": response}
+    return {
+        "median_s": statistics.median(times),
+        "min_s": min(times),
+        "max_s": max(times),
+        "runs": runs,
+        "input_tokens": response["usage"]["input_tokens"],
+        "response": response,
+    }
 
 
 def hf_requests(engine: Engine) -> dict:
@@ -86,10 +113,22 @@ def run_hf(model_dir: str, dtype: str, scenarios: dict, runs: int) -> dict:
     if not python.exists():
         raise SystemExit("the HF baseline needs the reference venv: run `make ref-venv`")
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump({"model_dir": model_dir, "dtype": dtype, "runs": runs, "warmup": 2,
-                   "scenarios": scenarios}, f)
-    proc = subprocess.run([str(python), str(ROOT / "benchmarks" / "hf_decide_baseline.py"),
-                           f.name], capture_output=True, text=True, check=True)
+        json.dump(
+            {
+                "model_dir": model_dir,
+                "dtype": dtype,
+                "runs": runs,
+                "warmup": 2,
+                "scenarios": scenarios,
+            },
+            f,
+        )
+    proc = subprocess.run(
+        [str(python), str(ROOT / "benchmarks" / "hf_decide_baseline.py"), f.name],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -114,30 +153,50 @@ def main() -> None:
             hf = run_hf(model_dir, "fp32", hf_requests(engine), args.runs)
         for name, qids in SCENARIOS.items():
             ours = time_engine(engine, qids, args.runs)
-            ours_probs = [[a["noul"], 1.0 - a["noul"]] if a["type"] == "noul"
-                          else list(a["probabilities"].values())
-                          for a in ours["response"]["answers"].values()]
+            ours_probs = [
+                [a["noul"], 1.0 - a["noul"]]
+                if a["type"] == "noul"
+                else list(a["probabilities"].values())
+                for a in ours["response"]["answers"].values()
+            ]
             base = hf[f"{name}/serial"]
-            row = {"scenario": name, "questions": len(qids), "model": args.model,
-                   "precision": precision, "input_tokens": ours["input_tokens"],
-                   "median_s": ours["median_s"], "min_s": ours["min_s"], "max_s": ours["max_s"],
-                   "runs": args.runs, "baseline": "HF transformers fp32, one pass per question",
-                   "baseline_median_s": base["median_s"], "baseline_min_s": base["min_s"],
-                   "baseline_max_s": base["max_s"], "speedup": base["median_s"] / ours["median_s"],
-                   "machine": machine}
-            row["max_abs_dp_vs_baseline"] = float(max(
-                np.max(np.abs(np.array(a) - np.array(b)))
-                for a, b in zip(ours_probs, base["probabilities"], strict=True)))
+            row = {
+                "scenario": name,
+                "questions": len(qids),
+                "model": args.model,
+                "precision": precision,
+                "input_tokens": ours["input_tokens"],
+                "median_s": ours["median_s"],
+                "min_s": ours["min_s"],
+                "max_s": ours["max_s"],
+                "runs": args.runs,
+                "baseline": "HF transformers fp32, one pass per question",
+                "baseline_median_s": base["median_s"],
+                "baseline_min_s": base["min_s"],
+                "baseline_max_s": base["max_s"],
+                "speedup": base["median_s"] / ours["median_s"],
+                "machine": machine,
+            }
+            row["max_abs_dp_vs_baseline"] = float(
+                max(
+                    np.max(np.abs(np.array(a) - np.array(b)))
+                    for a, b in zip(ours_probs, base["probabilities"], strict=True)
+                )
+            )
             print(json.dumps(row), flush=True)
             lines.append(row)
     (out / "cpu_decide.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    table = ["| scenario | prism_jax | median (min–max) | baseline | median | speedup |",
-             "|---|---|---|---|---|---|"]
+    table = [
+        "| scenario | prism_jax | median (min–max) | baseline | median | speedup |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in lines:
         spread = f"{r['min_s'] * 1e3:.0f}–{r['max_s'] * 1e3:.0f}"
-        table.append(f"| {r['scenario']} ({r['input_tokens']} tok) | {r['precision']} | "
-                     f"{r['median_s'] * 1e3:.0f} ms ({spread}) | {r['baseline']} | "
-                     f"{r['baseline_median_s'] * 1e3:.0f} ms | {r['speedup']:.2f}× |")
+        table.append(
+            f"| {r['scenario']} ({r['input_tokens']} tok) | {r['precision']} | "
+            f"{r['median_s'] * 1e3:.0f} ms ({spread}) | {r['baseline']} | "
+            f"{r['baseline_median_s'] * 1e3:.0f} ms | {r['speedup']:.2f}× |"
+        )
     (out / "cpu_decide.md").write_text("\n".join(table) + "\n")
     print("\n".join(table))
 

@@ -33,8 +33,9 @@ def max_diff(a, b) -> float:
 
 def same_bits(a, b) -> bool:
     return all(
-        np.array_equal(np.asarray(x).reshape(-1).view(np.uint8),
-                       np.asarray(y).reshape(-1).view(np.uint8))
+        np.array_equal(
+            np.asarray(x).reshape(-1).view(np.uint8), np.asarray(y).reshape(-1).view(np.uint8)
+        )
         for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
     )
 
@@ -42,10 +43,11 @@ def same_bits(a, b) -> bool:
 def row_invariant(gpu, fn, rows, shared, index=157) -> bool:
     """Row 0 of `rows` computed alone vs placed at `index` among 300 other rows."""
     alone = on(gpu, fn, *[r[:1] for r in rows], *shared)
-    big = [np.concatenate([r[1:index + 1], r[:1], r[index + 1:301]]) for r in rows]
+    big = [np.concatenate([r[1 : index + 1], r[:1], r[index + 1 : 301]]) for r in rows]
     batched = on(gpu, fn, *big, *shared)
-    return same_bits([x[0] for x in jax.tree.leaves(alone)],
-                     [x[index] for x in jax.tree.leaves(batched)])
+    return same_bits(
+        [x[0] for x in jax.tree.leaves(alone)], [x[index] for x in jax.tree.leaves(batched)]
+    )
 
 
 def bf16(rng, shape, scale=1.0):
@@ -54,7 +56,7 @@ def bf16(rng, shape, scale=1.0):
 
 def checks(rng, gpu, cpu):
     # int8_gemm on 27B shapes (qkv and down), M = 1 and 301.
-    for (n, k) in ((8192, 5376), (5376, 21504)):
+    for n, k in ((8192, 5376), (5376, 21504)):
         w = rng.integers(-127, 128, (n, k), dtype=np.int8)
         s_w = rng.uniform(1e-3, 1e-2, n).astype(np.float32)
         for m in (1, 301):
@@ -65,36 +67,56 @@ def checks(rng, gpu, cpu):
             s_x = rng.uniform(1e-3, 1e-2, m).astype(np.float32)
             yg = on(gpu, ops.int8_gemm, x, s_x, w, s_w, out_dtype=jnp.bfloat16)
             yc = on(cpu, ops.int8_gemm, x, s_x, w, s_w, out_dtype=jnp.bfloat16)
-            inv = m == 301 and row_invariant(gpu, lambda a, b, w, s: ops.int8_gemm(a, b, w, s),
-                                             [x, s_x], [w, s_w])
+            inv = m == 301 and row_invariant(
+                gpu, lambda a, b, w, s: ops.int8_gemm(a, b, w, s), [x, s_x], [w, s_w]
+            )
             exact_int = bool(np.array_equal(g, exact))
-            yield dict(op="int8_gemm", shape=f"M={m} N={n} K={k}", int_exact=exact_int,
-                       cuda_vs_cpu=max_diff(yg.astype(np.float32), yc.astype(np.float32)),
-                       bitwise_vs_cpu=same_bits(yg, yc), row_invariant=inv if m == 301 else None)
+            yield dict(
+                op="int8_gemm",
+                shape=f"M={m} N={n} K={k}",
+                int_exact=exact_int,
+                cuda_vs_cpu=max_diff(yg.astype(np.float32), yc.astype(np.float32)),
+                bitwise_vs_cpu=same_bits(yg, yc),
+                row_invariant=inv if m == 301 else None,
+            )
     d = 5376
     x, r = bf16(rng, (301, d)), bf16(rng, (301, d), 4.0)
     gamma = rng.normal(0, 0.5, d).astype(np.float32)
     for name, fn, args in (
         ("rmsnorm", lambda a, b, g: ops.rmsnorm(a, g, eps=1e-6, weight_offset=1.0), (x, r)),
-        ("add_rmsnorm_quant",
-         lambda a, b, g: ops.add_rmsnorm_quant(a, b, g, eps=1e-6, weight_offset=1.0), (x, r)),
+        (
+            "add_rmsnorm_quant",
+            lambda a, b, g: ops.add_rmsnorm_quant(a, b, g, eps=1e-6, weight_offset=1.0),
+            (x, r),
+        ),
     ):
         og, oc = on(gpu, fn, *args, gamma), on(cpu, fn, *args, gamma)
-        diff = max(max_diff(np.asarray(a, np.float32), np.asarray(b, np.float32))
-                   for a, b in zip(jax.tree.leaves(og), jax.tree.leaves(oc), strict=True))
-        yield dict(op=name, shape=f"M=301 D={d} bf16", cuda_vs_cpu=diff,
-                   bitwise_vs_cpu=same_bits(og, oc),
-                   row_invariant=row_invariant(gpu, fn, list(args), [gamma]))
+        diff = max(
+            max_diff(np.asarray(a, np.float32), np.asarray(b, np.float32))
+            for a, b in zip(jax.tree.leaves(og), jax.tree.leaves(oc), strict=True)
+        )
+        yield dict(
+            op=name,
+            shape=f"M=301 D={d} bf16",
+            cuda_vs_cpu=diff,
+            bitwise_vs_cpu=same_bits(og, oc),
+            row_invariant=row_invariant(gpu, fn, list(args), [gamma]),
+        )
     f = 21504
     g_, u_ = bf16(rng, (301, f), 2.0), bf16(rng, (301, f), 2.0)
     for act in ("gelu_tanh", "silu"):
+
         def glu(a, b, act=act):
             return ops.glu_quant(a, b, activation=act)
+
         (qg, sg), (qc, sc) = on(gpu, glu, g_, u_), on(cpu, glu, g_, u_)
-        yield dict(op=f"glu_quant[{act}]", shape=f"M=301 F={f} bf16",
-                   cuda_vs_cpu=float(np.abs(qg.astype(np.int32) - qc).max()),
-                   bitwise_vs_cpu=same_bits((qg, sg), (qc, sc)),
-                   row_invariant=row_invariant(gpu, glu, [g_, u_], []))
+        yield dict(
+            op=f"glu_quant[{act}]",
+            shape=f"M=301 F={f} bf16",
+            cuda_vs_cpu=float(np.abs(qg.astype(np.int32) - qc).max()),
+            bitwise_vs_cpu=same_bits((qg, sg), (qc, sc)),
+            row_invariant=row_invariant(gpu, glu, [g_, u_], []),
+        )
     v, c = 262_208, 16
     emb = bf16(rng, (v, d), 0.02)
     h = bf16(rng, (301, d))
@@ -105,16 +127,22 @@ def checks(rng, gpu, cpu):
         return ops.candidate_head(hh, e, ii, kk)
 
     og, oc = on(gpu, head, h, ids, counts, emb), on(cpu, head, h[:32], ids[:32], counts[:32], emb)
-    yield dict(op="candidate_head", shape=f"R=301 C={c} D={d} V={v}",
-               cuda_vs_cpu=max_diff(og[1][:32], oc[1]),
-               bitwise_vs_cpu=same_bits(og[0][:32], oc[0]),
-               row_invariant=row_invariant(gpu, head, [h, ids, counts], [emb]))
+    yield dict(
+        op="candidate_head",
+        shape=f"R=301 C={c} D={d} V={v}",
+        cuda_vs_cpu=max_diff(og[1][:32], oc[1]),
+        bitwise_vs_cpu=same_bits(og[0][:32], oc[0]),
+        row_invariant=row_invariant(gpu, head, [h, ids, counts], [emb]),
+    )
     lg = on(gpu, lambda hh, e: ops.vocab_logsumexp(hh, e), h, emb)
     lc = on(cpu, lambda hh, e: ops.vocab_logsumexp(hh, e), h[:8], emb)
-    yield dict(op="vocab_logsumexp", shape=f"R=301 D={d} V={v}", cuda_vs_cpu=max_diff(lg[:8], lc),
-               bitwise_vs_cpu=same_bits(lg[:8], lc),
-               row_invariant=row_invariant(gpu, lambda hh, e: ops.vocab_logsumexp(hh, e), [h],
-                                           [emb]))
+    yield dict(
+        op="vocab_logsumexp",
+        shape=f"R=301 D={d} V={v}",
+        cuda_vs_cpu=max_diff(lg[:8], lc),
+        bitwise_vs_cpu=same_bits(lg[:8], lc),
+        row_invariant=row_invariant(gpu, lambda hh, e: ops.vocab_logsumexp(hh, e), [h], [emb]),
+    )
 
 
 def main() -> int:
@@ -134,12 +162,16 @@ def main() -> int:
     if args.out:
         with open(args.out, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
-    print(f"\n{'op':24} {'shape':30} {'int exact':>9} {'max |cuda-cpu|':>15} {'bitwise':>8} "
-          f"{'row inv.':>8}")
+    print(
+        f"\n{'op':24} {'shape':30} {'int exact':>9} {'max |cuda-cpu|':>15} {'bitwise':>8} "
+        f"{'row inv.':>8}"
+    )
     for r in rows:
-        print(f"{r['op']:24} {r['shape']:30} {str(r.get('int_exact', '-')):>9} "
-              f"{r['cuda_vs_cpu']:>15.3g} {str(r['bitwise_vs_cpu']):>8} "
-              f"{str(r['row_invariant']):>8}")
+        print(
+            f"{r['op']:24} {r['shape']:30} {str(r.get('int_exact', '-')):>9} "
+            f"{r['cuda_vs_cpu']:>15.3g} {str(r['bitwise_vs_cpu']):>8} "
+            f"{str(r['row_invariant']):>8}"
+        )
     bad = [r for r in rows if r.get("int_exact") is False or r["row_invariant"] is False]
     return 1 if bad else 0
 

@@ -25,14 +25,16 @@ def decide(model, questions, batched: bool):
             ids = torch.zeros((len(questions), width), dtype=torch.long)
             mask = torch.zeros_like(ids)
             for i, (p, _) in enumerate(questions):
-                ids[i, width - len(p):] = torch.tensor(p)
-                mask[i, width - len(p):] = 1
+                ids[i, width - len(p) :] = torch.tensor(p)
+                mask[i, width - len(p) :] = 1
             out_ = model(input_ids=ids, attention_mask=mask, logits_to_keep=1)
             logits = out_.logits[:, -1].float()
             rows = list(logits)
         else:
-            rows = [model(input_ids=torch.tensor([p]), logits_to_keep=1).logits[0, -1].float()
-                    for p, _ in questions]
+            rows = [
+                model(input_ids=torch.tensor([p]), logits_to_keep=1).logits[0, -1].float()
+                for p, _ in questions
+            ]
         for row, (_, options) in zip(rows, questions, strict=True):
             probs = torch.softmax(row, -1)[options]
             out.append((probs / probs.sum()).tolist())
@@ -63,8 +65,13 @@ def main() -> None:
                 probs = decide(model, questions, batched)
                 times.append(time.perf_counter() - start)
             key = f"{name}/{'batched' if batched else 'serial'}"
-            result[key] = {"median_s": statistics.median(times), "min_s": min(times),
-                           "max_s": max(times), "runs": len(times), "probabilities": probs}
+            result[key] = {
+                "median_s": statistics.median(times),
+                "min_s": min(times),
+                "max_s": max(times),
+                "runs": len(times),
+                "probabilities": probs,
+            }
     print(json.dumps(result))
 
 

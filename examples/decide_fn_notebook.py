@@ -20,10 +20,12 @@ decide = jax.jit(prism_jax.make_decide_fn(engine.config))
 
 # %%
 state = "My parcel arrived broken and the seller does not answer my emails."
-questions = parse_questions({
-    "topic": {"type": "choice", "criteria": {"delivery": None, "billing": None, "login": None}},
-    "angry": {"type": "noul", "instructions": "Is the customer upset?"},
-})
+questions = parse_questions(
+    {
+        "topic": {"type": "choice", "criteria": {"delivery": None, "billing": None, "login": None}},
+        "angry": {"type": "noul", "instructions": "Is the customer upset?"},
+    }
+)
 rendered = [engine.renderer.render(state, q) for q in questions.values()]
 batch = {k: jnp.asarray(v) for k, v in pad(build_forest(rendered)).items()}
 probabilities = decide(engine.params, batch)  # (Q, O), padded options are 0

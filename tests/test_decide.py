@@ -42,11 +42,14 @@ def test_confidence_formulas():
     # score: n = 3, D = (1 + 0 + 1) / 3; k = 1; sum p|i-k| = 0.2 + 0.2
     assert score_confidence(np.array([0.2, 0.6, 0.2])) == pytest.approx(1 - 0.4 / (2 / 3))
     assert score_confidence(np.array([0.5, 0.0, 0.5])) == 0.0  # clipped at zero
-    a = answer(Question("score", None, ("0", "1", "2"), ("low", "mid", "high")),
-               np.array([0.2, 0.3, 0.5]))
+    a = answer(
+        Question("score", None, ("0", "1", "2"), ("low", "mid", "high")), np.array([0.2, 0.3, 0.5])
+    )
     assert a["score"] == pytest.approx(1.3) and a["legend"] == {"0": "low", "1": "mid", "2": "high"}
     assert answer(Question("noul", "x", ("true", "false"), (None, None)), np.array([0.8, 0.2])) == {
-        "type": "noul", "noul": 0.8}
+        "type": "noul",
+        "noul": 0.8,
+    }
 
 
 def test_forest_shares_prefix_and_masks_branches():

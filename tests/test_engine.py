@@ -14,31 +14,57 @@ from prism_jax.engine import Engine
 
 TICKET = "Hi, I was charged twice for my March invoice and I need one of the charges refunded."
 QUESTIONS = {
-    "topic": {"type": "choice", "instructions": "What is this support ticket about?",
-              "criteria": {"billing": "payments, invoices, refunds", "technical": None,
-                           "account": "login, profile, password"}},
+    "topic": {
+        "type": "choice",
+        "instructions": "What is this support ticket about?",
+        "criteria": {
+            "billing": "payments, invoices, refunds",
+            "technical": None,
+            "account": "login, profile, password",
+        },
+    },
     "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
-    "urgency": {"type": "score", "instructions": "How urgent is it?",
-                "criteria": ["not urgent", "somewhat urgent", "very urgent"]},
-    "city": {"type": "choice", "instructions": "Which city would suit a holiday?",
-             "criteria": {"New York": None, "Los Angeles": None, "Paris": None}},
+    "urgency": {
+        "type": "score",
+        "instructions": "How urgent is it?",
+        "criteria": ["not urgent", "somewhat urgent", "very urgent"],
+    },
+    "city": {
+        "type": "choice",
+        "instructions": "Which city would suit a holiday?",
+        "criteria": {"New York": None, "Los Angeles": None, "Paris": None},
+    },
 }
 # A fixed set for the int8-vs-bf16 agreement check: (state, question).
 AGREEMENT_SET = [
     ("The printer shows error E45 and will not start.", QUESTIONS["topic"]),
     ("I forgot my password and cannot log in.", QUESTIONS["topic"]),
     ("Please send me a copy of last month's invoice.", QUESTIONS["topic"]),
-    ("The sky is blue and the grass is green.",
-     {"type": "noul", "instructions": "Is the grass green?"}),
-    ("Water boils at 100 degrees Celsius at sea level.",
-     {"type": "noul", "instructions": "Does water boil at 50 degrees Celsius at sea level?"}),
-    ("The capital of France is Paris.",
-     {"type": "choice", "instructions": "What is the capital of France?",
-      "criteria": {"Paris": None, "Rome": None, "Berlin": None}}),
-    ("2 + 2 = 4", {"type": "choice", "instructions": "What is 2 + 2?",
-                   "criteria": {"3": None, "4": None, "5": None}}),
-    ("The server has been down for three hours and customers cannot pay.",
-     QUESTIONS["urgency"]),
+    (
+        "The sky is blue and the grass is green.",
+        {"type": "noul", "instructions": "Is the grass green?"},
+    ),
+    (
+        "Water boils at 100 degrees Celsius at sea level.",
+        {"type": "noul", "instructions": "Does water boil at 50 degrees Celsius at sea level?"},
+    ),
+    (
+        "The capital of France is Paris.",
+        {
+            "type": "choice",
+            "instructions": "What is the capital of France?",
+            "criteria": {"Paris": None, "Rome": None, "Berlin": None},
+        },
+    ),
+    (
+        "2 + 2 = 4",
+        {
+            "type": "choice",
+            "instructions": "What is 2 + 2?",
+            "criteria": {"3": None, "4": None, "5": None},
+        },
+    ),
+    ("The server has been down for three hours and customers cannot pay.", QUESTIONS["urgency"]),
 ]
 
 
@@ -92,8 +118,9 @@ def _exact_option_probs(engine: Engine, prompt: str, options: list[str]) -> np.n
     return np.exp(logs - logs.max()) / np.exp(logs - logs.max()).sum()
 
 
-@pytest.mark.parametrize("options", [[" Paris", " Rome", " London"],
-                                     [" New York", " Los Angeles", " Paris", " Tokyo"]])
+@pytest.mark.parametrize(
+    "options", [[" Paris", " Rome", " London"], [" New York", " Los Angeles", " Paris", " Tokyo"]]
+)
 def test_candidate_probabilities_equal_renormalised_full_softmax(fp32_engine, options):
     # A property of the readout, so checked in fp32: in int8, XLA attention's last-bit
     # differences between the forest and separate passes get amplified (seen 1.6e-3).
@@ -126,8 +153,9 @@ def test_forest_equals_questions_asked_alone(fp32_engine, int8_engine):
         assert alone["answers"][qid] == response["answers"][qid]  # exact float equality
         assert alone["x_cached_tokens"] > 0  # the state came from the prefix cache
     shared = response["usage"]["input_tokens"]
-    separate = sum(int8_engine.decide(TICKET, {k: v})["usage"]["input_tokens"]
-                   for k, v in QUESTIONS.items())
+    separate = sum(
+        int8_engine.decide(TICKET, {k: v})["usage"]["input_tokens"] for k, v in QUESTIONS.items()
+    )
     assert shared < separate, "the forest computes the shared state once"
 
 
@@ -144,8 +172,10 @@ def test_int8_decides_like_bf16(int8_engine, bf16_engine):
             pb = np.array(list(b["probabilities"].values()))
             flips += int(pa.argmax() != pb.argmax())
         deltas.append(np.abs(pa - pb).max())
-    print(f"int8 vs bf16 on {len(AGREEMENT_SET)} decisions: {flips} flips, "
-          f"max |dp| {max(deltas):.4f}, mean {np.mean(deltas):.4f}")
+    print(
+        f"int8 vs bf16 on {len(AGREEMENT_SET)} decisions: {flips} flips, "
+        f"max |dp| {max(deltas):.4f}, mean {np.mean(deltas):.4f}"
+    )
     # Measured: without smoothing 1 flip in 8 (a near-tie noul), max |dp| 0.147, mean 0.056;
     # with the default smoothing 0 flips, max |dp| 0.087, mean 0.041.
     # A regression guard; the accuracy goal (|acc(int8) - acc(bf16)| <= 0.03 points on real
@@ -169,8 +199,17 @@ def test_make_decide_fn_jits_and_matches_engine(int8_engine):
 
 
 def test_cli_json_and_table(capsys):
-    args = ["decide", "--model", "default", "--state", TICKET, "--choice", "billing,technical",
-            "--instructions", "What is this ticket about?"]
+    args = [
+        "decide",
+        "--model",
+        "default",
+        "--state",
+        TICKET,
+        "--choice",
+        "billing,technical",
+        "--instructions",
+        "What is this ticket about?",
+    ]
     assert cli_main([*args, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["answers"]["answer"]["choice"] == "billing"
@@ -186,6 +225,7 @@ def test_text_the_tokenizer_refuses_is_a_request_error(int8_engine):
     with pytest.raises(DecisionRequestError, match="not valid Unicode") as err:
         int8_engine.decide("\ud800 broken", {"q": QUESTIONS["refund"]})
     assert err.value.status == 422
-    ok, bad = int8_engine.decide_many([(TICKET, {"q": QUESTIONS["refund"]}),
-                                       ("\ud800", {"q": QUESTIONS["refund"]})])
+    ok, bad = int8_engine.decide_many(
+        [(TICKET, {"q": QUESTIONS["refund"]}), ("\ud800", {"q": QUESTIONS["refund"]})]
+    )
     assert "answers" in ok and isinstance(bad, DecisionRequestError)

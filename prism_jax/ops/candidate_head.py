@@ -25,12 +25,25 @@ from prism_jax.ops.dispatch import Impl, resolve_impl
 
 
 def _check_hidden_embedding(op: str, hidden, embedding) -> None:
-    _checks.require(op, "hidden", hidden, rank=2, dtypes=_checks.FLOAT_ACTIVATIONS,
-                    expected="[R, D]")
-    _checks.require(op, "embedding", embedding, rank=2, dtypes=_checks.FLOAT_ACTIVATIONS,
-                    expected=f"[V, D] with D = {hidden.shape[1]}")
-    _checks.require_dim(op, "embedding", embedding, 1, hidden.shape[1],
-                        f"[V, D] with D = {hidden.shape[1]} (hidden is {_checks.describe(hidden)})")
+    _checks.require(
+        op, "hidden", hidden, rank=2, dtypes=_checks.FLOAT_ACTIVATIONS, expected="[R, D]"
+    )
+    _checks.require(
+        op,
+        "embedding",
+        embedding,
+        rank=2,
+        dtypes=_checks.FLOAT_ACTIVATIONS,
+        expected=f"[V, D] with D = {hidden.shape[1]}",
+    )
+    _checks.require_dim(
+        op,
+        "embedding",
+        embedding,
+        1,
+        hidden.shape[1],
+        f"[V, D] with D = {hidden.shape[1]} (hidden is {_checks.describe(hidden)})",
+    )
     _checks.require_nonempty(op, "embedding", embedding, "[V, D]")
 
 
@@ -73,8 +86,9 @@ def candidate_head_reference(hidden, embedding, ids, counts, softcap: float = 0.
     return logits, jnp.where(valid, logits - lse, -jnp.inf)
 
 
-def candidate_head(hidden, embedding, ids, counts, *, softcap: float = 0.0,
-                   impl: Impl | None = None):
+def candidate_head(
+    hidden, embedding, ids, counts, *, softcap: float = 0.0, impl: Impl | None = None
+):
     """Scores each row's candidate tokens and renormalises over them.
 
     Args:
@@ -98,8 +112,12 @@ def candidate_head(hidden, embedding, ids, counts, *, softcap: float = 0.0,
 
 
 def vocab_logsumexp_reference(hidden, embedding, softcap: float = 0.0):
-    logits = jnp.einsum("rd,vd->rv", hidden.astype(jnp.float32), embedding.astype(jnp.float32),
-                        precision=jax.lax.Precision.HIGHEST)
+    logits = jnp.einsum(
+        "rd,vd->rv",
+        hidden.astype(jnp.float32),
+        embedding.astype(jnp.float32),
+        precision=jax.lax.Precision.HIGHEST,
+    )
     return jax.nn.logsumexp(_softcap(logits, softcap), axis=-1)
 
 
@@ -111,8 +129,10 @@ def vocab_logsumexp(hidden, embedding, *, softcap: float = 0.0, impl: Impl | Non
     require_target("prism_vocab_logsumexp")
     r, v = hidden.shape[0], embedding.shape[0]
     tiles = -(-v // VOCAB_TILE)
-    outs = (jax.ShapeDtypeStruct((r,), jnp.float32),
-            jax.ShapeDtypeStruct((r, tiles, 2), jnp.float32))  # scratch: per-tile (max, sum)
+    outs = (
+        jax.ShapeDtypeStruct((r,), jnp.float32),
+        jax.ShapeDtypeStruct((r, tiles, 2), jnp.float32),
+    )  # scratch: per-tile (max, sum)
     call = jax.ffi.ffi_call("prism_vocab_logsumexp", outs, vmap_method="sequential")
     lse, _ = call(hidden, embedding, softcap=np.float32(softcap))
     return lse

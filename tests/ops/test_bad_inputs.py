@@ -26,8 +26,11 @@ CASES = [
     (lambda: ops.int8_gemm(i8(4, 8), f32(4), i8(3, 8, 1), f32(3)), "w_q", "[N, K]"),
     (lambda: ops.int8_gemm(i8(4, 8), f32(5), i8(3, 8), f32(3)), "s_x", "[4]"),
     (lambda: ops.int8_gemm(i8(4, 8), f32(4), i8(3, 8), f32(2)), "s_w", "[3]"),
-    (lambda: ops.int8_gemm(i8(4, 8), f32(4), i8(3, 8), f32(3), out_dtype=jnp.int32),
-     "out_dtype", "float32 or bfloat16"),
+    (
+        lambda: ops.int8_gemm(i8(4, 8), f32(4), i8(3, 8), f32(3), out_dtype=jnp.int32),
+        "out_dtype",
+        "float32 or bfloat16",
+    ),
     (lambda: ops.int8_gemm(i8(4, 8), f32(4), i8(3, 8), f32(3), rows=5), "rows", "rows <= 4"),
     (lambda: ops.int8_gemm(i8(2, 2, 8), f32(2, 2), i8(3, 8), f32(3), rows=1), "rows", "2-D x_q"),
     (lambda: ops.rmsnorm_quant(i8(2, 8), f32(8), eps=1e-6), "x", "[..., D]"),
@@ -38,22 +41,52 @@ CASES = [
     (lambda: ops.glu_quant(f32(2, 8), f32(2, 8), activation="relu"), "activation", "silu"),
     (lambda: ops.glu_quant_pair(f32(2, 3, 8), activation="silu"), "gate_up", "[..., 2, F]"),
     (lambda: ops.glu_quant2_pair(i8(2, 2, 8), activation="silu"), "gate_up", "float32"),
-    (lambda: ops.glu_quant2_sum(f32(4, 2, 8), f32(2, 3, 8), activation="silu"), "y_w2",
-     "[M, 2, F]"),
-    (lambda: ops.glu_quant2_sum(f32(2, 2, 8), f32(2, 2, 8), activation="silu"), "y2",
-     "[4, 2, 8]"),
-    (lambda: ops.glu_quant2_sum(f32(4, 2, 8), f32(2, 2, 8), activation="relu"), "activation",
-     "silu"),
-    (lambda: ops.candidate_head(f32(2, 8), f32(10, 7), np.zeros((2, 3), np.int32),
-                                np.ones(2, np.int32)), "embedding", "D = 8"),
-    (lambda: ops.candidate_head(f32(2, 8), f32(10, 8), np.zeros((2, 3), np.int64),
-                                np.ones(2, np.int32)), "ids", "int32 [R, C]"),
-    (lambda: ops.candidate_head(f32(2, 8), f32(10, 8), np.zeros((2, 0), np.int32),
-                                np.zeros(2, np.int32)), "ids", "C >= 1"),
-    (lambda: ops.candidate_head(f32(2, 8), f32(10, 8), np.zeros((2, 3), np.int32),
-                                np.array([1, 0], np.int32)), "counts", "empty candidate row"),
-    (lambda: ops.candidate_head(f32(2, 8), f32(10, 8), np.full((2, 3), 10, np.int32),
-                                np.ones(2, np.int32)), "ids", "[0, V = 10)"),
+    (
+        lambda: ops.glu_quant2_sum(f32(4, 2, 8), f32(2, 3, 8), activation="silu"),
+        "y_w2",
+        "[M, 2, F]",
+    ),
+    (lambda: ops.glu_quant2_sum(f32(2, 2, 8), f32(2, 2, 8), activation="silu"), "y2", "[4, 2, 8]"),
+    (
+        lambda: ops.glu_quant2_sum(f32(4, 2, 8), f32(2, 2, 8), activation="relu"),
+        "activation",
+        "silu",
+    ),
+    (
+        lambda: ops.candidate_head(
+            f32(2, 8), f32(10, 7), np.zeros((2, 3), np.int32), np.ones(2, np.int32)
+        ),
+        "embedding",
+        "D = 8",
+    ),
+    (
+        lambda: ops.candidate_head(
+            f32(2, 8), f32(10, 8), np.zeros((2, 3), np.int64), np.ones(2, np.int32)
+        ),
+        "ids",
+        "int32 [R, C]",
+    ),
+    (
+        lambda: ops.candidate_head(
+            f32(2, 8), f32(10, 8), np.zeros((2, 0), np.int32), np.zeros(2, np.int32)
+        ),
+        "ids",
+        "C >= 1",
+    ),
+    (
+        lambda: ops.candidate_head(
+            f32(2, 8), f32(10, 8), np.zeros((2, 3), np.int32), np.array([1, 0], np.int32)
+        ),
+        "counts",
+        "empty candidate row",
+    ),
+    (
+        lambda: ops.candidate_head(
+            f32(2, 8), f32(10, 8), np.full((2, 3), 10, np.int32), np.ones(2, np.int32)
+        ),
+        "ids",
+        "[0, V = 10)",
+    ),
     (lambda: ops.vocab_logsumexp(f32(2, 8), f32(0, 8)), "embedding", "non-empty"),
     (lambda: ops.vocab_logsumexp(f32(8), f32(3, 8)), "hidden", "[R, D]"),
 ]

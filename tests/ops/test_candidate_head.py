@@ -29,8 +29,16 @@ def test_candidate_head(device, rng, r, c, d, v, dtype, softcap):
     hidden, emb, ids, counts = inputs(rng, r, c, d, v, dtype)
     logits, logprobs = run_on(device, ops.candidate_head, hidden, emb, ids, counts, softcap=softcap)
     # References run on the CPU: XLA's GPU tanh is a fast approximation.
-    ref_logits, ref_logprobs = run_on(jax.devices("cpu")[0], ops.candidate_head, hidden, emb, ids,
-                                      counts, softcap=softcap, impl="reference")
+    ref_logits, ref_logprobs = run_on(
+        jax.devices("cpu")[0],
+        ops.candidate_head,
+        hidden,
+        emb,
+        ids,
+        counts,
+        softcap=softcap,
+        impl="reference",
+    )
     valid = np.arange(c)[None] < counts[:, None]
     if softcap == 0.0:  # tanh is libm's in the kernel and XLA's in the reference
         assert_bitwise_equal(logits, ref_logits, "candidate logits")
@@ -60,8 +68,10 @@ def test_equals_renormalised_full_softmax(device, rng, r, c, d, v):
 def test_vocab_logsumexp(device, rng, r, c, d, v, dtype):
     hidden, emb, ids, counts = inputs(rng, r, c, d, v, dtype)
     lse = run_on(device, ops.vocab_logsumexp, hidden, emb)
-    full = np.asarray(jnp.asarray(hidden).astype(jnp.float32), np.float64) @ np.asarray(
-        jnp.asarray(emb).astype(jnp.float32), np.float64).T
+    full = (
+        np.asarray(jnp.asarray(hidden).astype(jnp.float32), np.float64)
+        @ np.asarray(jnp.asarray(emb).astype(jnp.float32), np.float64).T
+    )
     expected = np.log(np.exp(full - full.max(-1, keepdims=True)).sum(-1)) + full.max(-1)
     np.testing.assert_allclose(lse, expected, rtol=1e-5, atol=1e-5)
     ref = run_on(jax.devices("cpu")[0], ops.vocab_logsumexp, hidden, emb, impl="reference")
