@@ -218,7 +218,8 @@ def test_invariant_to_other_queries(device, rng, n_others, window):
     """(a) A forest: siblings sharing a root, unrelated chains, tokens interleaved at random."""
     w = inv_world(rng)
     base = base_outputs(device, w, window)
-    pool = Pool(rng, INV["kh"], INV["h"], jnp.bfloat16)
+    # Pages for the worst case: the own chain's 10 and one for each other token.
+    pool = Pool(rng, INV["kh"], INV["h"], jnp.bfloat16, pages=P + n_others)
     tokens = tokens_among_others(rng, pool, w, INV["n"], n_others, lambda n: make_world(
         rng, n, INV["nh"], INV["kh"], INV["h"]))  # fmt: skip
     order = rng.permutation(len(tokens))
@@ -237,10 +238,11 @@ def tokens_among_others(rng, pool, w, n_own, n_others, world):
     while len(tokens) < n_own + n_others:
         n = int(rng.integers(1, min(12, n_own + n_others - len(tokens)) + 1))
         if rng.integers(2):  # a sibling branch under the same root
-            own = [root, pool.segment(40, n)]
-            tokens += [(own, world(40 + n), p) for p in range(40, 40 + n)]
-        else:  # an unrelated sequence
-            tokens += [([pool.segment(0, n)], world(n), p) for p in range(n)]
+            own, own_world = [root, pool.segment(40, n)], world(40 + n)
+            tokens += [(own, own_world, p) for p in range(40, 40 + n)]
+        else:  # an unrelated sequence: one chain and one world for its n tokens
+            other, other_world = [pool.segment(0, n)], world(n)
+            tokens += [(other, other_world, p) for p in range(n)]
     return tokens
 
 

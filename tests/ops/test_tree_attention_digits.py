@@ -212,7 +212,7 @@ def test_invariant_to_other_queries(device, rng, n_others, window):
     the CUDA kernel then holds rows of several chains (one pass each)."""
     w = inv_world(rng)
     base = base_outputs(device, w, window)
-    pool = inv_pool(rng)
+    pool = inv_pool(rng, pages=P + n_others)  # the own chain's 10 pages + one an other token
     tokens = tokens_among_others(rng, pool, w, INV["n"], n_others, lambda n: make_world(
         rng, n, INV["nh"], INV["kh"], INV["h"], jnp.float32))  # fmt: skip
     order = rng.permutation(len(tokens))
