@@ -56,8 +56,9 @@ constexpr int kMaxStages = 8;  // the launch rule's cap (a forced count may exce
 
 // kWg: the consumers are warpgroups of wgmma (one per 64 weight rows), else warps of mma.sync
 // (one per 32 rows).
-template <int kRows, int kTiles, bool kWg>
+template <int kRows_, int kTiles, bool kWg>
 struct Config {
+  static constexpr int kRows = kRows_;
   static_assert(kRows == 64 || kRows == 128, "tma kernel: 64 or 128 weight rows a block");
   static constexpr int kTokens = kTiles * 8;
   static constexpr int kConsumerWarps = kWg ? kRows / 64 * 4 : kRows / kWarpRows;
@@ -67,10 +68,9 @@ struct Config {
   static constexpr int kWBytes = kRows * kBoxK, kXBytes = kTokens * kBoxK;
   static constexpr int kStageBytes = kWBytes + kXBytes;
   static constexpr int kSumRow = kRows + 1;  // int32 sums [kTokens][kSumRow]: +1 spreads banks
-  // The sums reuse the stage memory, so a ring has at least this many stages.
-  static constexpr int kMinStages = (kTokens * kSumRow * 4 + kStageBytes - 1) / kStageBytes > 2
-                                        ? (kTokens * kSumRow * 4 + kStageBytes - 1) / kStageBytes
-                                        : 2;
+  // The sums reuse the stage memory, so a ring has at least the stages they fill, and two.
+  static constexpr int kSumStages = (kTokens * kSumRow * 4 + kStageBytes - 1) / kStageBytes;
+  static constexpr int kMinStages = kSumStages > 2 ? kSumStages : 2;
   static_assert(kXBytes % 1024 == 0 && kWBytes % 1024 == 0, "swizzled tiles stay 1024-aligned");
   // Stage tiles first (each 1024-byte aligned, as the 128-byte swizzle needs), then 2 x stages
   // mbarriers; + 1024 so the base can be aligned up.
@@ -212,7 +212,6 @@ __device__ __forceinline__ void ConsumeWgmma(uint8_t* base, uint64_t* full, uint
 template <class C, int kSplit, typename OutT>
 __device__ __forceinline__ void Epilogue(int32_t* sums, const float* s_x, const float* sw, OutT* y,
                                          int m, int64_t n, int64_t n0, int rank) {
-  constexpr int kRows = C::kWBytes / kBoxK;
   int32_t* peer[kSplit];
   if constexpr (kSplit == 1) {
     __syncthreads();
@@ -224,7 +223,7 @@ __device__ __forceinline__ void Epilogue(int32_t* sums, const float* s_x, const 
     for (int q = 0; q < kSplit; ++q) peer[q] = cluster.map_shared_rank(sums, q);
   }
   const int c = static_cast<int>(threadIdx.x);
-  if (c < kRows && n0 + c < n) {
+  if (c < C::kRows && n0 + c < n) {
     const int64_t col = n0 + c;
     const float s_w = sw[col];
 #pragma unroll
