@@ -15,7 +15,9 @@ Int8Linear asks for); XLA int8 dot gives int32, XLA bf16 dot bf16.
 --sweep also times every kernel of prism's dispatch that applies to the shape, forced with
 PRISM_INT8_GEMM_KERNEL (each forced variant is a fresh executable); --kernels names the forced
 variants instead, each optionally with a tile order for the persistent schedulers, NAME@<m|n>S
-(raster along M or N, swizzle S: PRISM_INT8_GEMM_RASTER / PRISM_INT8_GEMM_SWIZZLE). The XLA int8
+(raster along M or N, swizzle S: PRISM_INT8_GEMM_RASTER / PRISM_INT8_GEMM_SWIZZLE), and for the
+stream-K tiles a decomposition, NAME+s (stream-K), +d (data-parallel) or +k<splits> (split-K):
+PRISM_INT8_GEMM_DECOMP, e.g. sm90_streamk_128x128x128_c2x1@m4+s. The XLA int8
 dot's line says which kernel XLA compiled it to (xla_kernel). --device-time adds each jax
 implementation's kernel time per op (device_us): every GPU kernel of 3 more runs, traced with
 jax.profiler, summed and divided by 3 R. It leaves out host dispatch and launch gaps, which the
@@ -87,9 +89,16 @@ def variants_for(m: int) -> list[str]:
 
 
 def forced_env(variant: str) -> dict[str, str]:
-    """The environment that forces `variant`: NAME, or NAME@<m|n><swizzle> with a tile order."""
+    """The environment that forces `variant`: NAME, then optionally @<m|n><swizzle> (a tile
+    order) and +<s|d|k<splits>> (a stream-K tile's decomposition)."""
+    variant, _, decomp = variant.partition("+")
     name, _, order = variant.partition("@")
     env = {"PRISM_INT8_GEMM_KERNEL": name}
+    if decomp:
+        assert decomp in ("s", "d") or (decomp[0] == "k" and decomp[1:].isdigit()), (
+            f"{variant}+{decomp}: the decomposition is +s, +d or +k<splits>, e.g. +k3"
+        )
+        env["PRISM_INT8_GEMM_DECOMP"] = decomp
     if order:
         assert order[0] in "mn" and order[1:].isdigit(), (
             f"{variant!r}: the tile order is @m<swizzle> or @n<swizzle>, e.g. @m4"
@@ -98,7 +107,12 @@ def forced_env(variant: str) -> dict[str, str]:
     return env
 
 
-FORCING = ("PRISM_INT8_GEMM_KERNEL", "PRISM_INT8_GEMM_RASTER", "PRISM_INT8_GEMM_SWIZZLE")
+FORCING = (
+    "PRISM_INT8_GEMM_KERNEL",
+    "PRISM_INT8_GEMM_RASTER",
+    "PRISM_INT8_GEMM_SWIZZLE",
+    "PRISM_INT8_GEMM_DECOMP",
+)
 
 
 def xla_kernel(fn, args) -> str:

@@ -28,6 +28,21 @@ def test_forced_env_names_kernel_and_tile_order():
         gemm_bench.forced_env("sm90_coop_128x256x128_c2x1@x4")
 
 
+def test_forced_env_names_a_decomposition():
+    assert gemm_bench.forced_env("sm90_streamk_128x128x128_c2x1@m4+k3") == {
+        "PRISM_INT8_GEMM_KERNEL": "sm90_streamk_128x128x128_c2x1",
+        "PRISM_INT8_GEMM_RASTER": "m",
+        "PRISM_INT8_GEMM_SWIZZLE": "4",
+        "PRISM_INT8_GEMM_DECOMP": "k3",
+    }
+    assert gemm_bench.forced_env("sm90_streamk_128x256x128_c2x1+s") == {
+        "PRISM_INT8_GEMM_KERNEL": "sm90_streamk_128x256x128_c2x1",
+        "PRISM_INT8_GEMM_DECOMP": "s",
+    }
+    with pytest.raises(AssertionError, match="decomposition"):
+        gemm_bench.forced_env("sm90_streamk_128x256x128_c2x1+x")
+
+
 def test_smoke_run_writes_every_implementation(tmp_path):
     kernels = "simt,sm90_coop_128x256x128_c2x1@m2"
     args = ["--platform", "cpu", "--shapes", "tiny", "--ms", "8", "--runs", "2", "--no-torch",

@@ -24,7 +24,8 @@
 // float32 output), each optionally suffixed s<2-32> (its stages), or a tile of Sm90TileName();
 // unsupported shapes still fall back.
 // PRISM_INT8_GEMM_RASTER=m|n and PRISM_INT8_GEMM_SWIZZLE=1|2|4|8 (benchmarks only) force the
-// CUTLASS tile order (Sm90Order). Under a command buffer what is in force at capture is what
+// CUTLASS tile order, PRISM_INT8_GEMM_DECOMP=s|d|k<splits> a stream-K tile's decomposition
+// (Sm90Order). Under a command buffer what is in force at capture is what
 // is replayed.
 #include <cuda_runtime.h>
 
@@ -163,6 +164,12 @@ void ForceOrder(Sm90Order* order) {
   const char* swizzle = std::getenv("PRISM_INT8_GEMM_SWIZZLE");
   const int s = swizzle == nullptr ? 0 : std::atoi(swizzle);
   if (s == 1 || s == 2 || s == 4 || s == 8) order->swizzle = s;
+  // PRISM_INT8_GEMM_DECOMP=s|d|k<2-8> (stream-K tiles only): the scheduler's decomposition.
+  const char* decomp = std::getenv("PRISM_INT8_GEMM_DECOMP");
+  if (decomp == nullptr) return;
+  if ((decomp[0] == 's' || decomp[0] == 'd') && decomp[1] == '\0') order->decomposition = decomp[0];
+  const int splits = decomp[0] == 'k' ? std::atoi(decomp + 1) : 0;
+  if (splits >= 2 && splits <= 8) *order = {order->raster, order->swizzle, 'k', splits};
 }
 
 // tma<rows> / tmawg<rows> (one block a slab), ...k<split> (a cluster of split blocks), then

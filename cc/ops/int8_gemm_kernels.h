@@ -37,10 +37,17 @@ const char* Sm90TileName(Sm90Tile tile);
 
 // The persistent schedulers' tile order: raster 'm' (consecutive tiles walk along M), 'n', or 0
 // (CUTLASS's heuristic: along the shorter side), swizzle 1, 2, 4 or 8. It decides which tiles
-// share the L2 at a time, never a result.
+// share the L2 at a time, never a result. The stream-K tiles also take a decomposition:
+// 0 (CUTLASS's heuristic, which keeps data-parallel waves when the last one is at least half
+// full: down and o at M = 256, 84 tiles on 132 SMs, run data-parallel), 's' (stream-K: the
+// first two waves' tiles split along K so every SM gets the same k-iterations), 'k' (split-K
+// into `splits` shares) or 'd' (data-parallel). Int32 partials add exactly in any order, so
+// this too decides only the time.
 struct Sm90Order {
   char raster = 0;
   int swizzle = 1;
+  char decomposition = 0;
+  int splits = 1;
 };
 
 bool Sm90Supports(const void* x, const void* w, const void* y, int64_t k, int64_t n,

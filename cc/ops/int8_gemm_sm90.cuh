@@ -171,6 +171,15 @@ struct Gemm {
         args.scheduler.splits = splits;
         args.scheduler.decomposition_mode = splits > 1 ? Mode::SplitK : Mode::DataParallel;
       }
+      switch (order.decomposition) {  // a bucket's or the benchmark override's choice
+        case 's': args.scheduler.decomposition_mode = Mode::StreamK; break;
+        case 'd': args.scheduler.decomposition_mode = Mode::DataParallel; break;
+        case 'k':
+          args.scheduler.splits = order.splits;
+          args.scheduler.decomposition_mode = Mode::SplitK;
+          break;
+        default: break;
+      }
     }
     return args;
   }
