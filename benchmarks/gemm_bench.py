@@ -81,7 +81,6 @@ def variants_for(m: int) -> list[str]:
             SM90[3],
             SM90[5],
             SM90[6],
-            "sm90_splitk_swap_128x64x128_c2x1",
         ]
     if m <= 256:
         return [SM90[3], SM90[2], SM90[1], SM90[0], *STREAMK]

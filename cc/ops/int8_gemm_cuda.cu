@@ -244,7 +244,6 @@ Sm90Tile DataParallelTwin(Sm90Tile tile) {
   switch (tile) {
     case Sm90Tile::kStreamK128x128: return Sm90Tile::kCoop128x128;
     case Sm90Tile::kStreamK128x256: return Sm90Tile::kCoop128x256;
-    case Sm90Tile::kSplitKSwap128x64: return Sm90Tile::kSwap128x64;
     default: return tile;
   }
 }

@@ -22,9 +22,6 @@ enum class Sm90Tile {
   kSwap128x64,   // y^T = w x^T: tile 128 weight rows x 64 tokens x 128, ping-pong: small M
   kStreamK128x128,  // cooperative 128x128x128 with the stream-K scheduler (needs workspace)
   kStreamK128x256,  // cooperative 128x256x128 with the stream-K scheduler (needs workspace)
-  // Swapped 128x64x128, cooperative, split-K: each tile's K split across peers when the
-  // weight-row tiles are far fewer than the SMs (down at small M; needs workspace).
-  kSplitKSwap128x64,
   // Data-parallel tiles of int8_gemm_sm90_variants.cu, for the per-M choice:
   kCoop128x192,    // cooperative 128x192x128, cluster 2x1: N = 5376 is 28 tiles, 43008 224
   // Swapped, 64 weight rows per tile: twice the 128-row tile's CTAs for the narrow weights
@@ -32,7 +29,7 @@ enum class Sm90Tile {
   kSwapPing64x32,  // ping-pong, 64 weight rows x 32 tokens x 128, cluster 2x1
   kSwapPing64x64,  // ping-pong, 64 weight rows x 64 tokens x 128, cluster 2x1
 };
-constexpr int kSm90TileCount = 10;
+constexpr int kSm90TileCount = 9;
 const char* Sm90TileName(Sm90Tile tile);
 
 // The persistent schedulers' tile order: raster 'm' (consecutive tiles walk along M), 'n', or 0

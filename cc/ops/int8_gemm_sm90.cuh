@@ -8,11 +8,10 @@
 // (acc * s_x[m]) * s_w[n] in fp32, the int32 -> fp32 conversion round-to-nearest (cvt.rn).
 //
 // Schedulers: the default persistent data-parallel one (one CTA owns an output tile's whole K),
-// split-K (kSplitK: every tile's K in up to SmCount / tiles shares, for far fewer tiles than
-// SMs: down's swapped GEMM at small M, 42 tiles of K = 21504), or stream-K (kStreamK), which
-// splits the last waves' tiles along K across CTAs so that a problem of fewer tiles than SMs
-// (down and o at M = 256: 84 tiles on 132 SMs) or with a ragged last wave keeps every SM busy.
-// Both split schedulers' peers add their int32 partial accumulators in a workspace
+// or CUTLASS's stream-K scheduler (kStreamK), which splits the last waves' tiles along K across
+// CTAs so that a problem of fewer tiles than SMs (down and o at M = 256: 84 tiles on 132 SMs) or
+// with a ragged last wave keeps every SM busy; Sm90Order::decomposition can make it run plain
+// split-K or data-parallel instead. Split peers add their int32 partial accumulators in a workspace
 // before the one epilogue; int32 addition is exact in any order, so CUTLASS's nondeterministic
 // (lock-free order) reduction still gives the data-parallel kernel's bits.
 #pragma once
@@ -42,7 +41,7 @@ using namespace cute;  // NOLINT: CUTLASS's shape vocabulary (Shape, _128, ...)
 namespace fusion = cutlass::epilogue::fusion;
 
 template <class TileShape_, class ClusterShape_, class KernelSchedule_, class EpilogueSchedule_,
-          bool kSwap_, bool kStreamK_ = false, bool kSplitK_ = false>
+          bool kSwap_, bool kStreamK_ = false>
 struct Config {
   using TileShape = TileShape_;
   using ClusterShape = ClusterShape_;
@@ -50,8 +49,6 @@ struct Config {
   using EpilogueSchedule = EpilogueSchedule_;
   static constexpr bool kSwap = kSwap_;
   static constexpr bool kStreamK = kStreamK_;
-  static constexpr bool kSplitK = kSplitK_;  // the stream-K scheduler run as split-K
-  static_assert(!kSplitK_ || kStreamK_, "split-K runs on CUTLASS's stream-K scheduler");
   // void: CUTLASS's default (persistent, data-parallel) scheduler.
   using Scheduler = std::conditional_t<kStreamK_, cutlass::gemm::StreamKScheduler, void>;
 };
@@ -70,8 +67,6 @@ using CfgStreamK128x128 =
     Config<Shape<_128, _128, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, false, true>;
 using CfgStreamK128x256 =
     Config<Shape<_128, _256, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, false, true>;
-using CfgSplitKSwap128x64 =
-    Config<Shape<_128, _64, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, true, true, true>;
 using CfgCoop128x192 = Config<Shape<_128, _192, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, false>;
 using CfgSwapPing64x32 = Config<Shape<_64, _32, _128>, Shape<_2, _1, _1>, Ping, EpiPing, true>;
 using CfgSwapPing64x64 = Config<Shape<_64, _64, _128>, Shape<_2, _1, _1>, Ping, EpiPing, true>;
@@ -166,11 +161,6 @@ struct Gemm {
       using Mode = typename Scheduler::DecompositionMode;
       args.scheduler.reduction_mode = Scheduler::ReductionMode::Nondeterministic;
       args.scheduler.decomposition_mode = Mode::Heuristic;
-      if constexpr (Cfg::kSplitK) {
-        const int splits = Splits(gm, gn, gk);
-        args.scheduler.splits = splits;
-        args.scheduler.decomposition_mode = splits > 1 ? Mode::SplitK : Mode::DataParallel;
-      }
       switch (order.decomposition) {  // a bucket's or the benchmark override's choice
         case 's': args.scheduler.decomposition_mode = Mode::StreamK; break;
         case 'd': args.scheduler.decomposition_mode = Mode::DataParallel; break;
@@ -182,21 +172,6 @@ struct Gemm {
       }
     }
     return args;
-  }
-
-  // Split-K peers per output tile: as many as fill the SMs once (tiles rounded up to whole
-  // clusters), at most 4 and at most one per 4 k-tiles, so each peer still streams a long run.
-  static int Splits(int gm, int gn, int gk) {
-    constexpr int kTm = size<0>(TileShape{}), kTn = size<1>(TileShape{});
-    constexpr int kTk = size<2>(TileShape{});
-    constexpr int kCm = size<0>(typename Cfg::ClusterShape{});
-    const int tiles_m = (gm + kTm - 1) / kTm, tiles_n = (gn + kTn - 1) / kTn;
-    const int tiles = (tiles_m + kCm - 1) / kCm * kCm * tiles_n;
-    const int k_tiles = (gk + kTk - 1) / kTk;
-    int splits = SmCount() / (tiles > 0 ? tiles : 1);
-    splits = splits < 4 ? splits : 4;
-    splits = splits < k_tiles / 4 ? splits : k_tiles / 4;
-    return splits > 1 ? splits : 1;
   }
 
   // Bytes of workspace the call needs (0 for the data-parallel scheduler): stream-K's partial

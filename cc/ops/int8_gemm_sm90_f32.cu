@@ -11,7 +11,6 @@ const char* Sm90TileName(Sm90Tile tile) {
     case Sm90Tile::kSwap128x64: return "sm90_swap_ping_128x64x128_c2x1";
     case Sm90Tile::kStreamK128x128: return "sm90_streamk_128x128x128_c2x1";
     case Sm90Tile::kStreamK128x256: return "sm90_streamk_128x256x128_c2x1";
-    case Sm90Tile::kSplitKSwap128x64: return "sm90_splitk_swap_128x64x128_c2x1";
     case Sm90Tile::kCoop128x192: return "sm90_coop_128x192x128_c2x1";
     case Sm90Tile::kSwapPing64x32: return "sm90_swap_ping_64x32x128_c2x1";
     case Sm90Tile::kSwapPing64x64: return "sm90_swap_ping_64x64x128_c2x1";
@@ -48,7 +47,6 @@ cudaError_t RunSm90<float>(Sm90Tile tile, cudaStream_t stream, const int8_t* x, 
                                                  workspace_bytes, order);
     case Sm90Tile::kStreamK128x128:
     case Sm90Tile::kStreamK128x256:
-    case Sm90Tile::kSplitKSwap128x64:
       return RunSm90StreamK(tile, stream, x, sx, w, sw, y, m, k, n, workspace, workspace_bytes,
                             order);
     case Sm90Tile::kCoop128x192:

@@ -16,9 +16,6 @@ cudaError_t RunSm90StreamK(Sm90Tile tile, cudaStream_t stream, const int8_t* x, 
     case Sm90Tile::kStreamK128x256:
       return sm90::Gemm<sm90::CfgStreamK128x256, float>::Run(stream, x, sx, w, sw, y, m, k, n,
                                                               workspace, workspace_bytes, order);
-    case Sm90Tile::kSplitKSwap128x64:
-      return sm90::Gemm<sm90::CfgSplitKSwap128x64, float>::Run(stream, x, sx, w, sw, y, m, k, n,
-                                                                workspace, workspace_bytes, order);
     default:
       return cudaErrorNotSupported;
   }
@@ -37,8 +34,6 @@ size_t Sm90WorkspaceBytes(Sm90Tile tile, int64_t m, int64_t k, int64_t n, Sm90Or
       return sm90::Gemm<sm90::CfgStreamK128x128, float>::WorkspaceBytes(m, k, n, order);
     case Sm90Tile::kStreamK128x256:
       return sm90::Gemm<sm90::CfgStreamK128x256, float>::WorkspaceBytes(m, k, n, order);
-    case Sm90Tile::kSplitKSwap128x64:
-      return sm90::Gemm<sm90::CfgSplitKSwap128x64, float>::WorkspaceBytes(m, k, n, order);
     default:
       return 0;
   }

@@ -189,7 +189,6 @@ CUDA_KERNELS = [
     "sm90_swap_ping_128x64x128_c2x1",
     "sm90_streamk_128x128x128_c2x1",
     "sm90_streamk_128x256x128_c2x1",
-    "sm90_splitk_swap_128x64x128_c2x1",
     "sm90_coop_128x192x128_c2x1",
     "sm90_swap_ping_64x32x128_c2x1",
     "sm90_swap_ping_64x64x128_c2x1",
@@ -239,19 +238,26 @@ def test_tile_order_keeps_bits(gpu, rng, monkeypatch, kernel, raster, swizzle):
 
 # Shapes where the stream-K tiles really split K across CTAs (fewer output tiles than SMs, many
 # k-tiles each; K no multiple of 128, so a peer's share can end on the ragged last k-tile).
+# Each with CUTLASS's heuristic ("") and forced decompositions (PRISM_INT8_GEMM_DECOMP):
+# stream-K, split-K into 3 or 2 shares.
 STREAMK_KERNELS = [
-    "sm90_streamk_128x128x128_c2x1",
-    "sm90_streamk_128x256x128_c2x1",
-    "sm90_splitk_swap_128x64x128_c2x1",
+    ("sm90_streamk_128x128x128_c2x1", ""),
+    ("sm90_streamk_128x128x128_c2x1", "s"),
+    ("sm90_streamk_128x128x128_c2x1", "k3"),
+    ("sm90_streamk_128x256x128_c2x1", ""),
+    ("sm90_streamk_128x256x128_c2x1", "s"),
+    ("sm90_streamk_128x256x128_c2x1", "k2"),
 ]
 STREAMK_SHAPES = [(256, 4112, 392), (130, 21504, 264), (40, 5392, 1032)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", STREAMK_KERNELS)
+@pytest.mark.parametrize("kernel,decomposition", STREAMK_KERNELS)
 @pytest.mark.parametrize("m,k,n", STREAMK_SHAPES)
-def test_stream_k_partial_sums_exact(gpu, rng, monkeypatch, kernel, m, k, n):
+def test_stream_k_partial_sums_exact(gpu, rng, monkeypatch, kernel, decomposition, m, k, n):
     monkeypatch.setenv("PRISM_INT8_GEMM_KERNEL", kernel)
+    monkeypatch.setenv("PRISM_INT8_GEMM_DECOMP", decomposition)
+    kernel += f"+{decomposition}" if decomposition else ""
     needed = workspace_bytes(m, k, n, jnp.float32)
     assert needed > 1, f"{kernel} at {(m, k, n)} wants no workspace: stream-K would not split"
     x, w = random_int8(rng, (m, k), extreme=True), random_int8(rng, (n, k), extreme=True)
