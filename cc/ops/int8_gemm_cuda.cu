@@ -58,7 +58,12 @@ namespace {
 // tiles leave one CTA of each 2x1 cluster idle at M <= 128); stream-K pays on down (K = 21504:
 // few output tiles, long K) at M = 256 (827 / 811 vs 797 / 775 for 128x128) and M = 1024 (1168
 // / 1257 for 128x256 vs 1039 / 1077 ping-pong), less clearly at M = 512 (1047 / 829 vs 884 /
-// 880 for 128x256), and loses on o (K = 4096; M = 1024: 734 vs 884 for 128x128). Elsewhere:
+// 880 for 128x256), and loses on o (K = 4096; M = 1024: 734 vs 884 for 128x128). CUTLASS's
+// heuristic runs the stream-K tiles data-parallel whenever the last wave is at least half full,
+// at a cost over the plain data-parallel tile; forced stream-K ('s', session 23's kernel-time
+// sweep, results/gemm_h200_session23/): down at M = 256 50.7 µs against 55.3, at M = 4096 599.0
+// against 622.3 (128x192); at M = 4096 the plain 128x256 beats the heuristic's: gate_up 1297.7
+// against 1335.3, qkv 246.3 against 250.5. Elsewhere:
 // gate_up takes 128x256 at M = 256 (1002 / 958 vs 908 / 904) and 1024, ping-pong at 512
 // (1067 / 1115 vs 1035 / 1082); qkv and o take 128x256 at 512 (qkv 909 / 917 vs 878 / 876
 // ping-pong) and o 128x128 at 1024 (884 / 813). 2x2 clusters (x multicast too) lost or tied
@@ -129,7 +134,7 @@ constexpr Bucket kBucketsF32[] = {
     {128, 0, Sm90Tile::kPing64x256, kWideN},
     {128, 0, Sm90Tile::kSwap128x64},
     {256, 0, Sm90Tile::kCoop128x256, kWideN},
-    {256, 0, Sm90Tile::kStreamK128x128, 0, kLongK},
+    {256, 0, Sm90Tile::kStreamK128x128, 0, kLongK, {0, 1, 's'}},
     {256, 0, Sm90Tile::kCoop128x128},
     {512, 0, Sm90Tile::kStreamK128x256, kWideN},
     {512, 0, Sm90Tile::kCoop128x256, kMidN},
@@ -139,7 +144,8 @@ constexpr Bucket kBucketsF32[] = {
     {1024, 0, Sm90Tile::kCoop128x256, kMidN},
     {1024, 0, Sm90Tile::kCoop128x192},
     {2048, 0, Sm90Tile::kPing64x256},
-    {INT64_MAX, 0, Sm90Tile::kStreamK128x256, kMidN},
+    {INT64_MAX, 0, Sm90Tile::kCoop128x256, kMidN},
+    {INT64_MAX, 0, Sm90Tile::kStreamK128x256, 0, kLongK, {0, 1, 's'}},
     {INT64_MAX, 0, Sm90Tile::kCoop128x192, 0, 0, {'m', 4}},
 };
 // bf16 output has two CUTLASS tiles built (int8_gemm_sm90_bf16.cu); not measured separately.
