@@ -120,6 +120,13 @@ def _server_flags(a: Any) -> None:
         help="/v1/completions: most prompt + generated tokens per prompt (default: %(default)s)",
     )
     a(
+        "--no-warmup",
+        dest="warmup",
+        action="store_false",
+        help="listen at once and compile each step bucket on first use (a slow first request "
+        "per new shape) instead of compiling all of them before listening",
+    )
+    a(
         "--model-release-date",
         help="YYYY-MM-DD shown by /v1/models (default: the date the "
         "server loaded the model, since the registry records no release dates)",
@@ -152,6 +159,7 @@ def config_from_args(args: argparse.Namespace, today: datetime.date) -> ServeCon
         shutdown_timeout_s=args.shutdown_timeout,
         release_date=date,
         max_completion_tokens=args.max_completion_tokens,
+        warmup=args.warmup,
         description=f"{args.model} served by prism_jax ({args.precision}); release_date is "
         f"{source}",
         batch=BatchPolicy(
@@ -175,6 +183,9 @@ def load_engine(config: ServeConfig) -> Any:
         config.model, precision=config.precision, name=config.served_model_name, warmup=False
     )
     say(f"loaded in {time.perf_counter() - start:.1f} s")
+    if not config.warmup:
+        say("--no-warmup: each step bucket compiles on its first use")
+        return engine
     start = time.perf_counter()
     say("compiling every step bucket (persistent compilation cache: fast after the first run)")
     runner = getattr(engine, "runner", None)

@@ -38,6 +38,9 @@ class ServeConfig:
     shutdown_timeout_s: float = 30.0
     batch: BatchPolicy = dataclasses.field(default_factory=BatchPolicy)
     max_completion_tokens: int = 1024  # prompt + generated tokens on /v1/completions
+    # Compile every step bucket before listening (else each on its first use: a slow first
+    # request per new shape, a fast start; tests and short-lived servers).
+    warmup: bool = True
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():

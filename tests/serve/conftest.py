@@ -80,6 +80,9 @@ def start_server(tmp_dir: str, *extra: str) -> RealServer:
         str(port),
         "--api-key",
         API_KEY,
+        # The first server of a run would otherwise compile every bucket (~70 s on CI's cold
+        # cache); the tests reach a few. test_config.py covers the warm-up itself.
+        "--no-warmup",
         *extra,
     ]
     log = open(log_path, "w")  # noqa: SIM115 - the process writes it until teardown

@@ -78,3 +78,31 @@ def test_api_key_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("PRISM_API_KEY", "from-env")
     args = cli.build_parser().parse_args([])
     assert cli.config_from_args(args, datetime.date.today()).api_key == "from-env"
+
+
+class _FakeRunner:
+    def __init__(self):
+        self.warmed = False
+
+    def warmup(self, progress=True):
+        self.warmed = True
+
+
+class _FakeEngine:
+    def __init__(self):
+        self.runner, self.asked = _FakeRunner(), []
+
+    def decide_many(self, requests):
+        self.asked += requests
+
+
+@pytest.mark.parametrize("flags,warmed", [([], True), (["--no-warmup"], False)])
+def test_warmup_compiles_every_bucket_unless_told_not_to(monkeypatch, flags, warmed):
+    from prism_jax.engine import Engine
+
+    engine = _FakeEngine()
+    monkeypatch.setattr(Engine, "from_pretrained", classmethod(lambda cls, *a, **k: engine))
+    config = cli.config_from_args(cli.build_parser().parse_args(flags), datetime.date.today())
+    assert config.warmup is warmed
+    assert cli.load_engine(config) is engine
+    assert engine.runner.warmed is warmed and (len(engine.asked) == 1) is warmed
