@@ -1,7 +1,7 @@
 """Bandwidth of the memory-bound custom calls on the GPU against copy bandwidth, same run.
 
     python3 benchmarks/ops_bandwidth.py --out DIR [--runs 10] [--ms 64,256,512,4096]
-        [--dtypes f32,bf16] [--norm-kernels reg2,reg4,reg8,lean4,lean8]
+        [--dtypes f32,bf16] [--norm-kernels reg2,reg4,reg8,lean4,lean8,ring]
         [--glu-caches off] [--head-kernels row,warp]
 
 The ops as the 27B model calls them (D = 5376, F = 21504, gelu_tanh), in the activation dtype
@@ -12,7 +12,8 @@ and glu_quant2_sum (two digits: the latter reads the three partial products), at
 candidate_head (R rows x C = 16 candidates gathered from a 262,208 x 5376 bf16 embedding) and
 vocab_logsumexp (the whole embedding once per call). --norm-kernels also times the RMSNorm
 kernels forced with PRISM_RMSNORM_KERNEL, and --glu-caches the gated activation with
-PRISM_GLU_CACHE (same bits, each a fresh executable), at the smallest and largest M;
+PRISM_GLU_CACHE (same bits, each a fresh executable), at the smallest and largest M (or at
+--forced-ms);
 --head-kernels candidate_head's kernels forced with PRISM_CANDIDATE_HEAD_KERNEL.
 
 Bytes = every input read once plus every output written once. Each timed run is one jitted call
@@ -91,14 +92,17 @@ def norm_ops(m: int, dt, emit, runs, normal, kernels: list[str]) -> None:
         run_op("rmsnorm_quant", lambda x: ops.rmsnorm_quant(x, gamma, eps=1e-6),
                lambda i: (normal(i, (m, D), dt),), x_bytes + D * 4, q_out, emit, runs,
                tag=kernel, **meta)  # fmt: skip
-        run_op("add_rmsnorm_quant",
-               lambda x, r: ops.add_rmsnorm_quant(x, r, gamma, eps=1e-6, weight_offset=1.0),
-               lambda i: (normal(i, (m, D), dt), normal(i + 1000, (m, D), dt)),
-               2 * x_bytes + D * 4, x_bytes + q_out, emit, runs, tag=kernel, **meta)  # fmt: skip
-        if kernel == "default":
+        if kernel != "ring":  # the ring kernel takes no residual (forcing it there fails)
+            run_op("add_rmsnorm_quant",
+                   lambda x, r: ops.add_rmsnorm_quant(x, r, gamma, eps=1e-6, weight_offset=1.0),
+                   lambda i: (normal(i, (m, D), dt), normal(i + 1000, (m, D), dt)),
+                   2 * x_bytes + D * 4, x_bytes + q_out, emit, runs, tag=kernel,
+                   **meta)  # fmt: skip
+        if kernel in ("default", "ring"):
             run_op("rmsnorm", lambda x: ops.rmsnorm(x, gamma, eps=1e-6, weight_offset=1.0),
                    lambda i: (normal(i, (m, D), dt),), x_bytes + D * 4, x_bytes, emit, runs,
-                   **meta)  # fmt: skip
+                   tag=kernel, **meta)  # fmt: skip
+        if kernel == "default":
             run_op("add_rmsnorm",
                    lambda x, r: ops.add_rmsnorm(x, r, gamma, eps=1e-6, weight_offset=1.0),
                    lambda i: (normal(i, (m, D), dt), normal(i + 1000, (m, D), dt)),
@@ -187,6 +191,7 @@ def main() -> int:
     p.add_argument("--rows", default="64,416,2048", help="candidate_head rows R")
     p.add_argument("--dtypes", default="f32")
     p.add_argument("--norm-kernels", default="", help="forced RMSNorm kernels, comma-separated")
+    p.add_argument("--forced-ms", default="", help="M of the forced kernels (default: min, max)")
     p.add_argument("--glu-caches", default="", help="forced PRISM_GLU_CACHE settings (on, off)")
     p.add_argument("--head-kernels", default="", help="forced candidate_head kernels (row, warp)")
     p.add_argument("--render", help="print the table of an ops_bandwidth.jsonl and exit")
@@ -221,13 +226,14 @@ def main() -> int:
     ms = [int(m) for m in args.ms.split(",")]
     kernels = [k for k in args.norm_kernels.split(",") if k]
     caches = [c for c in args.glu_caches.split(",") if c]
+    forced_ms = [int(m) for m in args.forced_ms.split(",") if m] or [min(ms), max(ms)]
     with jax.default_device(gpu):
         # gemm_bench's float32 x + 1, each call its own input; named here as the table reads it.
         copy_emit = lambda row: emit({"op": "xla_copy_f32", **row})  # noqa: E731
         copy_bandwidth(copy_emit, args.runs, COPY_BYTES, args.device_time)
         for name in args.dtypes.split(","):
             for m in ms:
-                forced = kernels if m in (min(ms), max(ms)) else []
+                forced = kernels if m in forced_ms else []
                 norm_ops(m, DTYPES[name], emit, args.runs, normal, forced)
                 glu_ops(m, DTYPES[name], emit, args.runs, normal, caches if forced else [])
         head_kernels = [k for k in args.head_kernels.split(",") if k]
