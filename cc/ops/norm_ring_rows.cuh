@@ -52,39 +52,53 @@ __device__ __forceinline__ void FenceProxyAsync() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-// The dynamic shared memory of a block of `warps`: w = weight_offset + gamma [D] f32, the
-// barriers, then each warp's slots.
+// The dynamic shared memory of a block of `warps`: w = weight_offset + gamma [D] f32 (gamma
+// bulk-copied, then offset in place), the barriers (each warp's slots', then gamma's), then
+// each warp's slots.
 struct RingLayout {
   int64_t w_bytes, bar_bytes, row_bytes;
   __host__ __device__ RingLayout(int64_t d, int64_t elem) {
     w_bytes = (d * 4 + 127) / 128 * 128;
-    bar_bytes = 128;  // kRingMaxWarps * kRingSlots 8-byte barriers
+    bar_bytes = 256;  // kRingMaxWarps * kRingSlots + 1 8-byte barriers
     row_bytes = (d * elem + 127) / 128 * 128;
   }
   __host__ __device__ int64_t Bytes(int warps) const {
     return w_bytes + bar_bytes + warps * kRingSlots * row_bytes;
   }
 };
-static_assert(kRingMaxWarps * kRingSlots * 8 <= 128, "RingLayout's barrier bytes");
+static_assert((kRingMaxWarps * kRingSlots + 1) * 8 <= 256, "RingLayout's barrier bytes");
 
-// y of the lane's chunk at d0 of the staged row, as NormRegRowsKernel computes it.
+// The lane's chunk c of the staged row: its h (zeros when the chunk is absent: the lane's
+// canonical partial adds +0 for them, which leaves it unchanged, and their y is +0, which no
+// maximum takes) and its y, as NormRegRowsKernel computes them. Absent chunks read the row's
+// first chunk (staged, never used), so every load is unconditional and no pass branches per
+// chunk: the compiler can issue a pass's shared-memory loads ahead of their arithmetic.
 template <typename T>
-__device__ __forceinline__ void RingY(const T* row, const float* w, int64_t d0, float inv,
-                                      float (&y)[kVec]) {
-  RegChunk<T> h;
-  h.LoadFull(row + d0);
-  float g[kVec];
-  LoadVec(w + d0, g);
+__device__ __forceinline__ void RingH(const T* row, int64_t d0, bool present, float (&h)[kVec]) {
+  RegChunk<T> c;
+  c.LoadFull(row + (present ? d0 : 0));
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) y[i] = __fmul_rn(__fmul_rn(h.Get(i), inv), g[i]);
+  for (int i = 0; i < kVec; ++i) h[i] = present ? c.Get(i) : 0.0f;
 }
 
-// Where the lane's chunk c is read: its own place when present, else the row's first chunk
-// (staged, never used), so every pass's shared-memory loads are unconditional and the
-// compiler can issue them ahead of the arithmetic that waits on them.
-__device__ __forceinline__ int64_t RingAt(int64_t first, int c, int64_t d) {
-  const int64_t d0 = first + static_cast<int64_t>(c) * kStride;
-  return d0 < d ? d0 : 0;
+template <typename T>
+__device__ __forceinline__ void RingY(const T* row, const float* w, int64_t d0, bool present,
+                                      float inv, float (&y)[kVec]) {
+  float h[kVec], g[kVec];
+  RingH(row, d0, present, h);
+  LoadVec(w + (present ? d0 : 0), g);
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) y[i] = __fmul_rn(__fmul_rn(h[i], inv), g[i]);
+}
+
+// Eight codes at p (8-byte aligned: FullChunks), one store.
+__device__ __forceinline__ void StoreCodes8(int8_t* p, const float (&v)[kVec], float inv) {
+  uint32_t w[2] = {0u, 0u};
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    w[i / 4] |= static_cast<uint32_t>(static_cast<uint8_t>(QuantCode(v[i], inv))) << (8 * (i % 4));
+  }
+  *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
 }
 
 // The staged row r's outputs, by the whole warp.
@@ -95,23 +109,22 @@ __device__ __forceinline__ void RingRow(const NormArgs<T>& a, const T* row, cons
   float acc = 0.0f;  // the lane's canonical partial: its elements in increasing d
 #pragma unroll
   for (int c = 0; c < kRingChunks; ++c) {
-    RegChunk<T> h;
-    h.LoadFull(row + RingAt(first, c, a.d));
-    if (first + c * kStride >= a.d) continue;
+    const int64_t d0 = first + c * kStride;
+    float h[kVec];
+    RingH(row, d0, d0 < a.d, h);
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) acc = __fadd_rn(acc, __fmul_rn(h.Get(i), h.Get(i)));
+    for (int i = 0; i < kVec; ++i) acc = __fadd_rn(acc, __fmul_rn(h[i], h[i]));
   }
   const float inv = InverseRms(WarpButterflySum(acc), a.d, a.eps);
   float amax = 0.0f;
 #pragma unroll
   for (int c = 0; c < kRingChunks; ++c) {
-    const int64_t d0 = RingAt(first, c, a.d);
+    const int64_t d0 = first + c * kStride;
     float y[kVec];
-    RingY(row, w, d0, inv, y);
-    if (first + c * kStride >= a.d) continue;
+    RingY(row, w, d0, d0 < a.d, inv, y);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) amax = fmaxf(amax, fabsf(y[i]));
-    if (a.y != nullptr) StoreVec(a.y + off + d0, y);
+    if (a.y != nullptr && d0 < a.d) StoreVec(a.y + off + d0, y);
   }
   if (a.q == nullptr) return;
   amax = WarpMax(amax);
@@ -119,14 +132,10 @@ __device__ __forceinline__ void RingRow(const NormArgs<T>& a, const T* row, cons
   float rmax = 0.0f;  // the second digit's, when there is one
 #pragma unroll
   for (int c = 0; c < kRingChunks; ++c) {
-    const int64_t d0 = RingAt(first, c, a.d);
+    const int64_t d0 = first + c * kStride;
     float y[kVec];
-    RingY(row, w, d0, inv, y);
-    if (first + c * kStride >= a.d) continue;
-    int8_t codes[kVec];
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) codes[i] = QuantCode(y[i], qinv);
-    StoreCodes(a.q + off + d0, kVec, codes);
+    RingY(row, w, d0, d0 < a.d, inv, y);
+    if (d0 < a.d) StoreCodes8(a.q + off + d0, y, qinv);
     if (a.q2 != nullptr) rmax = fmaxf(rmax, ChunkRemainders(y, kVec, qinv, scale));
   }
   if (lane == 0) a.s[r] = scale;
@@ -135,15 +144,12 @@ __device__ __forceinline__ void RingRow(const NormArgs<T>& a, const T* row, cons
   const float rinv = QuantInverse(rmax);
 #pragma unroll
   for (int c = 0; c < kRingChunks; ++c) {
-    const int64_t d0 = RingAt(first, c, a.d);
+    const int64_t d0 = first + c * kStride;
+    if (d0 >= a.d) break;  // the second digit is the rare path: branches kept simple
     float y[kVec];
-    RingY(row, w, d0, inv, y);
-    if (first + c * kStride >= a.d) continue;
+    RingY(row, w, d0, true, inv, y);
     ChunkRemainders(y, kVec, qinv, scale);
-    int8_t codes[kVec];
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) codes[i] = QuantCode(y[i], rinv);
-    StoreCodes(a.q2 + off + d0, kVec, codes);
+    StoreCodes8(a.q2 + off + d0, y, rinv);
   }
   if (lane == 0) a.s2[r] = QuantScale(rmax);
 }
@@ -172,17 +178,30 @@ __global__ void __launch_bounds__(kRingMaxWarps * kWarpSize, 1)
                          static_cast<int64_t>(warp) * kRingSlots * lay.row_bytes;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * warps;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * warps + warp;
+  uint64_t* w_bar = reinterpret_cast<uint64_t*>(ring_smem + lay.w_bytes) +
+                    kRingMaxWarps * kRingSlots;  // gamma's copy
   if (lane == 0) {
     for (int s = 0; s < kRingSlots; ++s) MbarInit(&bars[s], 1);
+    if (warp == 0) MbarInit(w_bar, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // visible to the TMA
+    if (warp == 0) {
+      const uint32_t bytes = static_cast<uint32_t>(a.d * 4);
+      MbarExpectTx(w_bar, bytes);
+      BulkLoad(w, a.gamma, bytes, w_bar);
+    }
     for (int s = 0; s < kRingSlots; ++s) {
       RingFetch(a, m, r0 + s * stride, slots + s * lay.row_bytes, &bars[s]);
     }
   }
-  for (int64_t i = threadIdx.x; i < a.d; i += blockDim.x) {
-    w[i] = __fadd_rn(a.weight_offset, a.gamma[i]);
+  __syncthreads();  // every barrier initialised
+  MbarWait(w_bar, 0);
+  for (int64_t i = threadIdx.x * 4; i < a.d; i += blockDim.x * 4) {  // d % 8 == 0
+    float4 g = *reinterpret_cast<float4*>(w + i);
+    g.x = __fadd_rn(a.weight_offset, g.x), g.y = __fadd_rn(a.weight_offset, g.y);
+    g.z = __fadd_rn(a.weight_offset, g.z), g.w = __fadd_rn(a.weight_offset, g.w);
+    *reinterpret_cast<float4*>(w + i) = g;
   }
-  __syncthreads();  // w, and every warp's barriers initialised
+  __syncthreads();  // w = weight_offset + gamma
   int s = 0;
   uint32_t phase = 0;
   for (int64_t r = r0; r < m; r += stride) {
