@@ -1,7 +1,7 @@
 """Bandwidth of the memory-bound custom calls on the GPU against copy bandwidth, same run.
 
     python3 benchmarks/ops_bandwidth.py --out DIR [--runs 10] [--ms 64,256,512,4096]
-        [--dtypes f32,bf16] [--norm-kernels reg2,reg4,reg8,lean4,lean8,ring]
+        [--dtypes f32,bf16] [--norm-kernels reg2,reg4,reg8,lean4,lean8]
         [--glu-caches off] [--head-kernels row,warp]
 
 The ops as the 27B model calls them (D = 5376, F = 21504, gelu_tanh), in the activation dtype
@@ -92,17 +92,14 @@ def norm_ops(m: int, dt, emit, runs, normal, kernels: list[str]) -> None:
         run_op("rmsnorm_quant", lambda x: ops.rmsnorm_quant(x, gamma, eps=1e-6),
                lambda i: (normal(i, (m, D), dt),), x_bytes + D * 4, q_out, emit, runs,
                tag=kernel, **meta)  # fmt: skip
-        if kernel != "ring":  # the ring kernel takes no residual (forcing it there fails)
-            run_op("add_rmsnorm_quant",
-                   lambda x, r: ops.add_rmsnorm_quant(x, r, gamma, eps=1e-6, weight_offset=1.0),
-                   lambda i: (normal(i, (m, D), dt), normal(i + 1000, (m, D), dt)),
-                   2 * x_bytes + D * 4, x_bytes + q_out, emit, runs, tag=kernel,
-                   **meta)  # fmt: skip
-        if kernel in ("default", "ring"):
+        run_op("add_rmsnorm_quant",
+               lambda x, r: ops.add_rmsnorm_quant(x, r, gamma, eps=1e-6, weight_offset=1.0),
+               lambda i: (normal(i, (m, D), dt), normal(i + 1000, (m, D), dt)),
+               2 * x_bytes + D * 4, x_bytes + q_out, emit, runs, tag=kernel, **meta)  # fmt: skip
+        if kernel == "default":
             run_op("rmsnorm", lambda x: ops.rmsnorm(x, gamma, eps=1e-6, weight_offset=1.0),
                    lambda i: (normal(i, (m, D), dt),), x_bytes + D * 4, x_bytes, emit, runs,
-                   tag=kernel, **meta)  # fmt: skip
-        if kernel == "default":
+                   **meta)  # fmt: skip
             run_op("add_rmsnorm",
                    lambda x, r: ops.add_rmsnorm(x, r, gamma, eps=1e-6, weight_offset=1.0),
                    lambda i: (normal(i, (m, D), dt), normal(i + 1000, (m, D), dt)),

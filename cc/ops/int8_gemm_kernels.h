@@ -28,10 +28,8 @@ enum class Sm90Tile {
   // (qkv 128, o and down 84), which leave SMs idle at small M.
   kSwapPing64x32,  // ping-pong, 64 weight rows x 32 tokens x 128, cluster 2x1
   kSwapPing64x64,  // ping-pong, 64 weight rows x 64 tokens x 128, cluster 2x1
-  kCoop128x96,     // cooperative 128x96x128, cluster 2x1: N = 5376 is 56 tiles, so M = 256
-                   // fills 112 of 132 SMs where 128x128 fills 84
 };
-constexpr int kSm90TileCount = 10;
+constexpr int kSm90TileCount = 9;
 const char* Sm90TileName(Sm90Tile tile);
 
 // The persistent schedulers' tile order: raster 'm' (consecutive tiles walk along M), 'n', or 0

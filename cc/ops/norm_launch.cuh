@@ -17,12 +17,10 @@ namespace prism {
 // chooses by shape; "block" forces the one-block-per-row kernel for D > kStride (shorter rows
 // always take a register kernel); "reg1", "reg2", "reg4", "reg8" force the register kernels
 // with that many warps per row for D <= kMaxRegChunks * kStride, "lean2", "lean4", "lean8"
-// the split kernels' lean form (norm_split_rows.cuh); "ring" the TMA-fed warp-per-row kernel
-// (norm_ring_rows.cuh; an error for rows it cannot take). Returns 0 for "by shape", -1 for
-// "block", kForceRing for "ring", the warps otherwise (plus kForceLean for the lean form); an
-// unknown value is an error, so a typo cannot silently test the default kernel.
+// the split kernels' lean form (norm_split_rows.cuh). Returns 0 for "by shape", -1 for
+// "block", the warps otherwise (plus kForceLean for the lean form); an unknown value is an
+// error, so a typo cannot silently test the default kernel.
 constexpr int kForceLean = 100;
-constexpr int kForceRing = -2;
 inline ffi::Error ForcedNormKernel(int* forced) {
   const char* env = std::getenv("PRISM_RMSNORM_KERNEL");
   const std::string name = env != nullptr ? env : "";
@@ -31,7 +29,7 @@ inline ffi::Error ForcedNormKernel(int* forced) {
     int forced;
   } kChoices[] = {{"", 0}, {"block", -1}, {"reg1", 1}, {"reg2", 2}, {"reg4", 4}, {"reg8", 8},
                       {"lean2", kForceLean + 2}, {"lean4", kForceLean + 4},
-                      {"lean8", kForceLean + 8}, {"ring", kForceRing}};
+                      {"lean8", kForceLean + 8}};
   for (const auto& choice : kChoices) {
     if (name == choice.name) {
       *forced = choice.forced;
@@ -39,8 +37,7 @@ inline ffi::Error ForcedNormKernel(int* forced) {
     }
   }
   return ffi::Error::InvalidArgument(
-      "PRISM_RMSNORM_KERNEL must be unset, block, reg1, reg2, reg4, reg8, lean2, lean4, lean8 or "
-      "ring; "
+      "PRISM_RMSNORM_KERNEL must be unset, block, reg1, reg2, reg4, reg8, lean2, lean4 or lean8; "
       "got " + name);
 }
 

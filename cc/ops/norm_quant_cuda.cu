@@ -28,7 +28,6 @@
 #include "cc/ops/norm_digits.h"
 #include "cc/ops/norm_launch.cuh"
 #include "cc/ops/norm_reg_rows.cuh"
-#include "cc/ops/norm_ring_rows.cuh"
 #include "cc/ops/norm_split_rows.cuh"
 
 namespace prism {
@@ -45,20 +44,6 @@ ffi::Error LaunchNorm(cudaStream_t stream, int64_t m, const NormArgs<T>& a, cons
   int forced = 0;
   if (auto e = ForcedNormKernel(&forced); e.failure()) return e;
   const unsigned grid = static_cast<unsigned>(m);
-  if (forced == kForceRing || (forced == 0 && m >= kRingRows && RingRowsFit(a))) {
-    PRISM_REQUIRE(RingRowsFit(a), std::string(op) +
-                                      ": PRISM_RMSNORM_KERNEL=ring takes only rows without a "
-                                      "residual whose D is a multiple of 8 up to " +
-                                      std::to_string(kRingChunks * kStride) +
-                                      "; unset it for these rows");
-    const cudaError_t e = LaunchRingRows(stream, m, a);
-    if (e != cudaSuccess) {
-      cudaGetLastError();  // clear it: nothing was launched
-      return ffi::Error::Internal(std::string(op) + ": the ring kernel could not launch: " +
-                                  cudaGetErrorString(e));
-    }
-    return LaunchStatus(op);
-  }
   if (a.d <= kStride || (a.d <= kMaxRegChunks * kStride && forced != -1)) {
     const bool lean = forced > kForceLean || (forced == 0 && m >= kLeanRows);
     const int warps = forced > 0 ? forced % kForceLean : SplitWarps(m, a.d, lean);

@@ -192,7 +192,6 @@ CUDA_KERNELS = [
     "sm90_coop_128x192x128_c2x1",
     "sm90_swap_ping_64x32x128_c2x1",
     "sm90_swap_ping_64x64x128_c2x1",
-    "sm90_coop_128x96x128_c2x1",
 ]
 FORCED_SHAPES = [(1, 272, 200), (13, 1040, 136), (27, 2064, 72), (64, 5376, 264), (300, 528, 392)]
 

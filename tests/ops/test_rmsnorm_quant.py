@@ -237,57 +237,6 @@ def test_split_register_kernels_match_one_warp_block_and_cpu_bitwise(
         monkeypatch.delenv("PRISM_RMSNORM_KERNEL")
 
 
-# The ring kernel (norm_ring_rows.cuh) takes rows without a residual, D a multiple of 8 up to
-# 5376; the launcher's own choice from M = 1024. 2500 rows give each warp several rows, so its
-# two slots are refilled and their barriers' phases turn over.
-RING_D = [8, 128, 1000, 1152, 4096, 5376]
-RING_M = [1, 7, 300, 1100, 2500]
-
-
-def ring_family(x, gamma, dtype):
-    """(name, fn, args, kwargs) of the ops the ring kernel serves."""
-    family = [
-        ("rmsnorm", ops.rmsnorm, (x, gamma), {}),
-        ("rmsnorm_quant", ops.rmsnorm_quant, (x, gamma), {}),
-    ]
-    if dtype == jnp.float32:  # two digits: f32 rows only
-        family.append(("rmsnorm_quant digits=2", ops.rmsnorm_quant, (x, gamma), {"digits": 2}))
-    return family
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", RING_M)
-@pytest.mark.parametrize("d", RING_D)
-def test_ring_kernel_matches_one_warp_kernel_and_cpu_bitwise(gpu, rng, monkeypatch, dtype, m, d):
-    """The ring kernel, forced and as the launcher picks it, gives the one-warp register
-    kernel's and the CPU's bits."""
-    x = hard_rows(rng, m, d, dtype)
-    gamma = rng.normal(0, 0.5, d).astype(np.float32)
-    style = STYLES[(m + d) % 2]
-    cpu = jax.devices("cpu")[0]
-    for name, fn, args, kw in ring_family(x, gamma, dtype):
-        want = jax.tree.leaves(run_on(cpu, fn, *args, **style, **kw))
-        for kernel in ("ring", "reg1", ""):
-            monkeypatch.setenv("PRISM_RMSNORM_KERNEL", kernel)
-            got = jax.tree.leaves(run_on(gpu, fn, *args, **style, **kw))
-            for i, (a, b) in enumerate(zip(got, want, strict=True)):
-                assert_bitwise_equal(a, b, f"{name} output {i}: kernel {kernel!r} vs CPU")
-        monkeypatch.delenv("PRISM_RMSNORM_KERNEL")
-
-
-def test_ring_kernel_forced_on_rows_it_cannot_take_is_an_error(gpu, rng, monkeypatch):
-    """Forcing the ring kernel where it cannot run fails with what to do, rather than silently
-    testing another kernel: rows with a residual, and D not a multiple of 8."""
-    gamma = rng.normal(0, 0.5, 5376).astype(np.float32)
-    x = activations(rng, (16, 5376), jnp.float32)
-    monkeypatch.setenv("PRISM_RMSNORM_KERNEL", "ring")
-    with pytest.raises(Exception, match="PRISM_RMSNORM_KERNEL=ring"):
-        run_on(gpu, ops.add_rmsnorm_quant, x, x, gamma, eps=1e-6)
-    odd = activations(rng, (16, 777), jnp.float32)
-    with pytest.raises(Exception, match="PRISM_RMSNORM_KERNEL=ring"):
-        run_on(gpu, ops.rmsnorm_quant, odd, gamma[:777], eps=1e-6)
-
-
 def test_unknown_kernel_name_is_an_error(gpu, rng, monkeypatch):
     """A misspelt PRISM_RMSNORM_KERNEL must fail, not silently test the default kernel."""
     x = activations(rng, (4, 5376), jnp.float32)
