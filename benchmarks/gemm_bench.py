@@ -63,7 +63,6 @@ SM90 = (
     "sm90_coop_128x192x128_c2x1",
     "sm90_swap_ping_64x32x128_c2x1",
     "sm90_swap_ping_64x64x128_c2x1",
-    "sm90_coop_128x224x128_c2x1",
 )
 STREAMK = (
     "sm90_streamk_128x128x128_c2x1",

@@ -28,11 +28,8 @@ enum class Sm90Tile {
   // (qkv 128, o and down 84), which leave SMs idle at small M.
   kSwapPing64x32,  // ping-pong, 64 weight rows x 32 tokens x 128, cluster 2x1
   kSwapPing64x64,  // ping-pong, 64 weight rows x 64 tokens x 128, cluster 2x1
-  kCoop128x224,    // cooperative 128x224x128, cluster 2x1: N = 43008 is 192 tiles, so M = 256
-                   // takes 2.9 waves on 132 SMs where 128x256 takes 2.55 (three waves either
-                   // way, each 7/8 as long)
 };
-constexpr int kSm90TileCount = 10;
+constexpr int kSm90TileCount = 9;
 const char* Sm90TileName(Sm90Tile tile);
 
 // The persistent schedulers' tile order: raster 'm' (consecutive tiles walk along M), 'n', or 0

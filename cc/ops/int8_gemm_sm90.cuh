@@ -68,7 +68,6 @@ using CfgStreamK128x128 =
 using CfgStreamK128x256 =
     Config<Shape<_128, _256, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, false, true>;
 using CfgCoop128x192 = Config<Shape<_128, _192, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, false>;
-using CfgCoop128x224 = Config<Shape<_128, _224, _128>, Shape<_2, _1, _1>, Coop, EpiCoop, false>;
 using CfgSwapPing64x32 = Config<Shape<_64, _32, _128>, Shape<_2, _1, _1>, Ping, EpiPing, true>;
 using CfgSwapPing64x64 = Config<Shape<_64, _64, _128>, Shape<_2, _1, _1>, Ping, EpiPing, true>;
 

@@ -14,7 +14,6 @@ const char* Sm90TileName(Sm90Tile tile) {
     case Sm90Tile::kCoop128x192: return "sm90_coop_128x192x128_c2x1";
     case Sm90Tile::kSwapPing64x32: return "sm90_swap_ping_64x32x128_c2x1";
     case Sm90Tile::kSwapPing64x64: return "sm90_swap_ping_64x64x128_c2x1";
-    case Sm90Tile::kCoop128x224: return "sm90_coop_128x224x128_c2x1";
   }
   return "?";
 }
@@ -53,7 +52,6 @@ cudaError_t RunSm90<float>(Sm90Tile tile, cudaStream_t stream, const int8_t* x, 
     case Sm90Tile::kCoop128x192:
     case Sm90Tile::kSwapPing64x32:
     case Sm90Tile::kSwapPing64x64:
-    case Sm90Tile::kCoop128x224:
       return RunSm90Variant(tile, stream, x, sx, w, sw, y, m, k, n, order);
   }
   return cudaErrorNotSupported;
