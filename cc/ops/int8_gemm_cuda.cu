@@ -64,8 +64,7 @@ namespace {
 // sweep, results/gemm_h200_session23/): down at M = 256 50.7 µs against 55.3, at M = 4096 599.0
 // against 622.3 (128x192; 613.4 in the run after, so within the spread there); at M = 4096 the
 // plain 128x256 beats the heuristic's: gate_up 1297.7 against 1335.3, qkv 246.3 against 250.5.
-// Elsewhere:
-// gate_up takes 128x256 at M = 256 (1002 / 958 vs 908 / 904) and 1024, ping-pong at 512
+// Elsewhere: gate_up takes 128x256 at M = 256 (1002 / 958 vs 908 / 904) and 1024, ping-pong at 512
 // (1067 / 1115 vs 1035 / 1082); qkv and o take 128x256 at 512 (qkv 909 / 917 vs 878 / 876
 // ping-pong) and o 128x128 at 1024 (884 / 813). 2x2 clusters (x multicast too) lost or tied
 // everywhere (cluster2x2_7d9ba2a/). M = 2048: ping-pong (results/gemm_h200/, not remeasured);
