@@ -31,19 +31,6 @@ inline Kernel ForcedKernel() {
        : s == "block" ? Kernel::kBlock : s == "split" ? Kernel::kSplit : Kernel::kAuto;
 }
 
-// PRISM_TREE_ATTENTION_MERGE=kernel (tests and benchmarks) leaves every merge to the split's
-// pass 2; otherwise steps of more than kBlockMinTokens tokens let pass 1 merge the query tiles
-// of short spans (tree_attention_merge.cuh). Any other value is an error.
-inline ffi::Error PassOneMerges(bool* fused) {
-  const char* name = std::getenv("PRISM_TREE_ATTENTION_MERGE");
-  const std::string s = name == nullptr ? "" : name;
-  PRISM_REQUIRE(s.empty() || s == "kernel" || s == "fused",
-                "prism_tree_attention: PRISM_TREE_ATTENTION_MERGE must be 'kernel' or 'fused' "
-                "(or unset), not '" + s + "'");
-  *fused = s != "kernel";
-  return ffi::Error::Success();
-}
-
 // The split kernel's f32 workspace, a result of the call (tree_attention_split.cuh).
 struct Workspace {
   float* data;
@@ -110,21 +97,12 @@ ffi::Error LaunchSplit(cudaStream_t stream, const Workspace& ws, const Q* q, con
   const int64_t nb = CeilDiv(dm.t, qt);
   const unsigned grid = static_cast<unsigned>(std::min(resident, nb * dm.k * plan.slots));
   const int64_t covered = plan.rounds * plan.slots;
-  bool fused = false;
-  if (auto e = PassOneMerges(&fused); e.failure()) return e;
-  fused = fused && big && nb * dm.k <= split::kMaxMergeCounters;
-  int32_t* counters = fused ? plan.counters : nullptr;
-  if (fused) {
-    const cudaError_t e = cudaMemsetAsync(counters, 0, nb * dm.k * sizeof(int32_t), stream);
-    PRISM_REQUIRE(e == cudaSuccess, std::string("prism_tree_attention: clearing the merge "
-                                                "counters failed: ") + cudaGetErrorString(e));
-  }
   for (int64_t r = 0; r < plan.rounds; ++r) {
     const split::Round rd{r * plan.slots, plan.slots, covered};
     kernel<<<grid, block::kThreads, kSmem, stream>>>(q, k_pool, v_pool, dm, tb, scale, window,
-                                                     rd, plan.part, plan.table, counters, out);
+                                                     rd, plan.part, plan.table);
     split::MergeKernel<Q, kH><<<warps, split::kMergeWarps * kWarpSize, 0, stream>>>(
-        dm, qt, rd, r == 0, r + 1 == plan.rounds, fused, plan.part, plan.table, plan.state, out);
+        dm, qt, rd, r == 0, r + 1 == plan.rounds, plan.part, plan.table, plan.state, out);
   }
   if (big) {
     auto* fallback = split::BlockFallbackKernel<Q, KV, kH, kBlockPW>;

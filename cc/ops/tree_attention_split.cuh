@@ -11,8 +11,7 @@
 //   pass 2 (MergeKernel), one warp per (t, n): merges the round's partials in increasing tile
 //     order into the running (m, l, acc) exactly as TileStep (first non-empty tile copied,
 //     then MergeFactors / Merged), keeps it in the workspace between rounds, and after the last
-//     round writes out[t, n] = Normalised(acc, l). In steps of more than 64 tokens, pass 1
-//     merges the query tiles of short spans itself (tree_attention_merge.cuh).
+//     round writes out[t, n] = Normalised(acc, l).
 // Rounds of R tiles bound the workspace; the handler cannot see the tables, so it runs enough
 // rounds to cover `covered` tiles per block (SplitPlan). A block whose tokens' tiles span more
 // is left to a fallback with the same bits: FallbackKernel (the lanes kernel's warp) in steps of
@@ -20,12 +19,11 @@
 // on the bound, only the speed does.
 //
 // Workspace (an f32 result of the call, sized by the Python wrapper): the state
-// [T * N][kRecord], then one round's partials [R][T * N][kRecord], then the span table and
-// pass 1's merge counters (kTableFloats int32 at the very end). A record is acc [H] (dimension
+// [T * N][kRecord], then one round's partials [R][T * N][kRecord], then the span table
+// (kTableFloats int32 at the very end). A record is acc [H] (dimension
 // d at d), then mt (or m), lt (or l), seen (1: the tile had a visible key, 0: skip), padding.
 // Pass 1 writes every (slot, pair) of its block's span (acct only when seen); pass 2 reads only
-// slots inside its block's span, so nothing is cleared but the merge counters (the launcher
-// clears nb * K of them before pass 1). Included by tree_attention_cuda.cu only.
+// slots inside its block's span, so nothing is cleared. Included by tree_attention_cuda.cu only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -40,10 +38,17 @@
 #include "cc/ops/tree_attention_block.cuh"
 #include "cc/ops/tree_attention_block_tile.cuh"
 #include "cc/ops/tree_attention_lanes.cuh"
-#include "cc/ops/tree_attention_merge.cuh"
 
 namespace prism {
 namespace split {
+
+constexpr int kTail = 4;  // record floats after acc: m, l, seen, padding (16-byte records)
+constexpr int kMergeWarps = 4;
+constexpr int kMergeBatch = 8;  // partial records a merge warp loads before merging them
+template <int kH>
+constexpr int Record() {
+  return kH + kTail;
+}
 
 // One round: tiles [base, base + slots) of each block's span; blocks spanning more than
 // `covered` tiles (all rounds together) are the fallback's.
@@ -165,7 +170,6 @@ constexpr int kMaxQueryTiles = 256;  // ceil(T / Qt) of a split step (the handle
 struct WorkList {
   int32_t ends[kMaxQueryTiles];   // inclusive prefix sums of the tiles per query tile
   int32_t first[kMaxQueryTiles];  // absolute index of the query tile's first tile this round
-  bool short_span[kMaxQueryTiles];  // ShortSpan: pass 1 may merge the query tile itself
 };
 
 // Block-wide; ends with a barrier. The prefix sum is warp 0's: kMaxQueryTiles / 32 entries
@@ -181,7 +185,6 @@ __device__ __forceinline__ void BuildWorkList(const Dims& dm, const Tables& tb, 
     const int64_t n = over || left < 0 ? 0 : (left < rd.slots ? left : rd.slots);
     wl->ends[b] = static_cast<int32_t>(n);
     wl->first[b] = static_cast<int32_t>(sp.lo + rd.base);
-    wl->short_span[b] = ShortSpan(sp.lo, sp.hi, over, rd.slots);
   }
   __syncthreads();
   constexpr int kPerLane = kMaxQueryTiles / kWarpSize;
@@ -224,13 +227,11 @@ template <typename Q, typename KV, int kH, int kPW>
 __global__ void __launch_bounds__(block::kThreads, kH <= 128 ? 2 : 1)
     PartialKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
                   const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale, int32_t window,
-                  Round rd, float* __restrict__ part, int32_t* __restrict__ table,
-                  int32_t* __restrict__ counters, Q* __restrict__ out) {
+                  Round rd, float* __restrict__ part, int32_t* __restrict__ table) {
   using S = block::Shape<kH, kPW>;
   extern __shared__ __align__(16) float smem[];
   __shared__ block::BlockInfo info;
   __shared__ WorkList wl;
-  __shared__ int last_flag;
   const int g_count = static_cast<int>(dm.n / dm.k), qt = S::kPairs / g_count;
   const int nb = static_cast<int>((dm.t + qt - 1) / qt);
   BuildWorkList(dm, tb, window, qt, nb, rd, &wl, blockIdx.x == 0 ? table : nullptr);
@@ -269,20 +270,36 @@ __global__ void __launch_bounds__(block::kThreads, kH <= 128 ? 2 : 1)
       WritePartials<kH, kPW>(pt, dm, t0, kvh, g_count, slot_part, &done);
     }
     WriteEmpty<kH, kPW>(dm, t0, kvh, g_count, slot_part, done);
-    if (counters == nullptr || !wl.short_span[b]) continue;  // uniform: pass 2 merges it
-    const int64_t items = wl.ends[b] - (b > 0 ? wl.ends[b - 1] : 0);  // the whole span
-    if (CountItemDone(counters, b * dm.k + kvh, items, &last_flag)) {
-      FusedMerge<Q, kH, kPW>(dm, t0, kvh, g_count, part, items, out);
-    }
   }
 }
 
-// Pass 2 (see the top of this file): one warp per (t, n), kMergeWarps per block. fused: pass 1
-// merged the query tiles of short spans (ShortSpan, in round 0), so their warps return at once
-// in every round.
+// A pair's running state: m and l (equal on every lane) and the lane's dimensions of acc.
+template <int kH>
+struct State {
+  float m, l, acc[kH / kWarpSize];
+};
+
+// Merges one tile's partial (tail = mt, lt, seen; acct the lane's dimensions) into st:
+// TileStep's merge, the same operations in the same order.
+template <int kH>
+__device__ __forceinline__ void MergeTile(const float4& tail, const float (&acct)[kH / kWarpSize],
+                                          State<kH>* st) {
+  constexpr int kDims = kH / kWarpSize;
+  if (tail.z == 0.0f) return;  // uniform: no visible key in the tile
+  const bool first = st->l == 0.0f;
+  const MergeWeights mw = first ? MergeWeights{tail.x, 0.0f, 1.0f} : MergeFactors(st->m, tail.x);
+  st->m = mw.m;
+  st->l = first ? tail.y : Merged(st->l, mw.a, tail.y, mw.b);
+#pragma unroll
+  for (int d = 0; d < kDims; ++d) {
+    st->acc[d] = first ? acct[d] : Merged(st->acc[d], mw.a, acct[d], mw.b);
+  }
+}
+
+// Pass 2 (see the top of this file): one warp per (t, n), kMergeWarps per block.
 template <typename Q, int kH>
 __global__ void __launch_bounds__(kMergeWarps * kWarpSize)
-    MergeKernel(Dims dm, int qt, Round rd, bool first_round, bool last_round, bool fused,
+    MergeKernel(Dims dm, int qt, Round rd, bool first_round, bool last_round,
                 const float* __restrict__ part, const int32_t* __restrict__ table,
                 float* __restrict__ state, Q* __restrict__ out) {
   constexpr int kDims = kH / kWarpSize;
@@ -292,18 +309,33 @@ __global__ void __launch_bounds__(kMergeWarps * kWarpSize)
   const int64_t t = w / dm.n;
   const TileSpan sp = LoadSpan(table, t / qt);
   if (sp.over) return;  // the fallback writes out[t, n]
-  const int64_t left = sp.hi - (sp.lo + rd.base) + 1;  // the span's tiles from this round on
-  const int64_t slots = left < 0 ? 0 : (left < rd.slots ? left : rd.slots);
-  if (fused && ShortSpan(sp.lo, sp.hi, sp.over, rd.slots)) return;  // pass 1 wrote out[t, n]
   State<kH> st = {};
   float* srec = state + w * Record<kH>();
   if (!first_round) {
     lanes::LoadDims<kDims>(srec + lane * kDims, st.acc);
     st.m = srec[kH], st.l = srec[kH + 1];
   }
-  MergeSlots<kH>(part, dm.t * dm.n * Record<kH>(), w, slots, lane, &st);
+  const int64_t left = sp.hi - (sp.lo + rd.base) + 1;  // the span's tiles from this round on
+  const int64_t slots = left < 0 ? 0 : (left < rd.slots ? left : rd.slots);
+  for (int64_t i0 = 0; i0 < slots; i0 += kMergeBatch) {  // kMergeBatch records in flight
+    float4 tail[kMergeBatch];
+    float acct[kMergeBatch][kDims];
+#pragma unroll
+    for (int u = 0; u < kMergeBatch; ++u) {
+      tail[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // past the span: seen = 0
+      if (i0 + u >= slots) continue;
+      const float* rec = part + ((i0 + u) * dm.t * dm.n + w) * Record<kH>();
+      tail[u] = *reinterpret_cast<const float4*>(rec + kH);
+      lanes::LoadDims<kDims>(rec + lane * kDims, acct[u]);  // unused (unset) when seen = 0
+    }
+#pragma unroll
+    for (int u = 0; u < kMergeBatch; ++u) MergeTile<kH>(tail[u], acct[u], &st);
+  }
   if (last_round) {
-    WriteOut<Q, kH>(st, w, lane, out);
+#pragma unroll
+    for (int d = 0; d < kDims; ++d) {
+      FromF32(Normalised(st.acc[d], st.l), out + w * kH + lane * kDims + d);
+    }
   } else {
     StoreDims<kDims>(srec + lane * kDims, st.acc);
     if (lane == 0) srec[kH] = st.m, srec[kH + 1] = st.l;
@@ -361,11 +393,9 @@ struct Plan {
   int64_t slots, rounds;  // slots == 0: the workspace holds no round (no split)
   float* state;           // [T * N][kRecord] running state, at the workspace's start
   float* part;            // [slots][T * N][kRecord] one round's partials, after it
-  int32_t* table;         // [kMaxQueryTiles][kSpanFields] span table, near the workspace's end
-  int32_t* counters;      // [kMaxMergeCounters] pass 1's merge counters, after the table
+  int32_t* table;         // [kMaxQueryTiles][kSpanFields] span table, at the workspace's end
 };
-constexpr int64_t kTableFloats = kMaxQueryTiles * kSpanFields + kMaxMergeCounters;
-// (SPLIT_TABLE_FLOATS in prism_jax/ops/tree_attention.py)
+constexpr int64_t kTableFloats = kMaxQueryTiles * kSpanFields;  // SPLIT_TABLE_FLOATS
 
 // The round size is what the workspace holds (the Python wrapper sizes it: the pool's tiles
 // within a budget, prism_jax/ops/tree_attention.py split_workspace_floats), at most the bound.
@@ -376,14 +406,13 @@ inline Plan SplitPlan(const Dims& dm, int32_t window, int qt, float* ws, int64_t
   bound = std::max<int64_t>(bound, 1);
   const int64_t usable = ws_floats - kTableFloats;  // records; the span table at the end
   const int64_t fit = std::min(record > 0 && usable > 0 ? usable / record - 1 : 0, kMaxSlots);
-  if (fit < 1) return {0, 0, nullptr, nullptr, nullptr, nullptr};
+  if (fit < 1) return {0, 0, nullptr, nullptr, nullptr};
   const char* env = std::getenv("PRISM_TREE_ATTENTION_SPLIT_TILES");
   const int64_t forced = env == nullptr ? 0 : std::atoll(env);
   const int64_t slots = std::min(forced > 0 ? forced : bound, fit);
   const int64_t needed = CeilDiv(bound, slots);
   const int64_t rounds = forced > 0 ? needed : std::min(needed, kMaxRounds);
-  int32_t* table = reinterpret_cast<int32_t*>(ws + usable);
-  return {slots, rounds, ws, ws + record, table, table + kMaxQueryTiles * kSpanFields};
+  return {slots, rounds, ws, ws + record, reinterpret_cast<int32_t*>(ws + usable)};
 }
 
 }  // namespace split

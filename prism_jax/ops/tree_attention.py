@@ -309,7 +309,7 @@ def tree_attention(
 SPLIT_MAX_TOKENS = 512  # kSplitMaxTokens: steps of up to this many tokens take the split kernel
 SPLIT_RECORD_TAIL = 4  # kTail: floats after a record's H accumulators (m, l, seen, padding)
 SPLIT_BUDGET_BYTES = 512 << 20  # one round's partials at most (T = 256 on a 5K-key pool: 1 round)
-SPLIT_TABLE_FLOATS = 256 * 3 + 4096  # kTableFloats: span table and merge counters at the end
+SPLIT_TABLE_FLOATS = 256 * 3  # kTableFloats: the span table at the workspace's end
 
 
 def split_workspace_floats(q_shape, pool_shape) -> int:

@@ -29,7 +29,6 @@ from tests.ops.test_tree_attention import (
     long_state_runs,
     make_world,
     run_step,
-    split_chain,
 )
 
 DTYPES = [(jnp.float32,) * 2, (jnp.bfloat16,) * 2, (jnp.bfloat16, jnp.float32)]  # pool, q
@@ -42,16 +41,6 @@ def tiles(request, monkeypatch):
         monkeypatch.setenv("PRISM_TREE_ATTENTION_SPLIT_TILES", request.param)
     else:
         monkeypatch.delenv("PRISM_TREE_ATTENTION_SPLIT_TILES", raising=False)
-    return request.param
-
-
-@pytest.fixture
-def merge(request, monkeypatch):
-    """Who merges a big step's short spans: "" = pass 1 itself (the default), "kernel" = pass 2."""
-    if request.param:
-        monkeypatch.setenv("PRISM_TREE_ATTENTION_MERGE", request.param)
-    else:
-        monkeypatch.delenv("PRISM_TREE_ATTENTION_MERGE", raising=False)
     return request.param
 
 
@@ -86,43 +75,14 @@ def test_split_kernel_short_step_on_long_state_bitwise(
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("window", [0, 1000])
 @pytest.mark.parametrize("tiles", ["", "2"], indirect=True)
-@pytest.mark.parametrize("merge", ["", "kernel"], indirect=True)
 def test_split_kernel_prefix_chunk_on_long_state_bitwise(
-    gpu, rng, monkeypatch, h, dtype, window, tiles, merge
+    gpu, rng, monkeypatch, h, dtype, window, tiles
 ):
     """A 200-token chunk after a ~2.4K-key prefix in a step of T = 256 (a forest or prefill
-    step after a prefix-cache hit): the split kernel's larger steps, automatic choice included.
-    Its spans are longer than pass 1 merges itself, so pass 2 merges them in both modes."""
+    step after a prefix-cache hit): the split kernel's larger steps, automatic choice included."""
     kernels = ("warp", "split", "")
     results = long_state_runs(gpu, rng, monkeypatch, kernels, h, dtype, window, 200, 256)
-    assert_same_kernels(results, kernels, f"chunk of 200 H={h} tiles={tiles!r} merge={merge!r}")
-
-
-@pytest.mark.parametrize("h", [64, 128, 256])
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize("window", [0, 37])
-@pytest.mark.parametrize("merge", ["", "kernel"], indirect=True)
-def test_split_kernel_fresh_prompt_bitwise(gpu, rng, monkeypatch, h, dtype, window, merge):
-    """A fresh 300-token prompt (one chain over 3 segments, in order) in a step padded to 320:
-    every query tile's span is at most 5 tiles, so by default pass 1 merges them all itself,
-    and the last query tile is all padding (exact zeros from pass 2). Same bits either way."""
-    nh, kh, n = 4, 2, 300
-    world = make_world(rng, n, nh, kh, h, dtype)
-    seed = int(rng.integers(1 << 31))
-    chains = {}
-
-    def pool_of():
-        pool = Pool(np.random.default_rng(seed), kh, h, dtype)
-        chains["c"] = split_chain(np.random.default_rng(seed + 1), pool, n, 3)
-        return pool
-
-    def step(pool):
-        toks = [(chains["c"], world, p) for p in range(n)]
-        return run_step(gpu, pool, toks, window=window, pad_to=320)
-
-    kernels = ("warp", "split", "")
-    results = forced_runs(gpu, monkeypatch, kernels, pool_of, [step])
-    assert_same_kernels(results, kernels, f"fresh prompt H={h} merge={merge!r}")
+    assert_same_kernels(results, kernels, f"chunk of 200 H={h} tiles={tiles!r}")
 
 
 def decode_chains(rng, pool, n_rows, blind):
@@ -186,9 +146,8 @@ def test_split_kernel_decode_rows_bitwise(gpu, rng, monkeypatch, h, nh, dtype, w
 @pytest.mark.parametrize("h", [64, 128, 256])
 @pytest.mark.parametrize("window", [0, 45])
 @pytest.mark.parametrize("near_tokens,pad_to", [(40, 64), (150, 200)])
-@pytest.mark.parametrize("merge", ["", "kernel"], indirect=True)
 def test_split_kernel_positions_past_the_pool_bitwise(
-    gpu, rng, monkeypatch, h, window, near_tokens, pad_to, merge
+    gpu, rng, monkeypatch, h, window, near_tokens, pad_to
 ):
     """A chain whose positions start past P * L (legal: positions are logical) spans more tiles
     than the handler's bound: its blocks take the fallback (the lanes warp at T <= 64, the block
@@ -230,24 +189,6 @@ def test_workspace_holds_the_pool_within_the_budget(monkeypatch):
     assert big == record * (1 + SPLIT_BUDGET_BYTES // (4 * record)) + table, big
     monkeypatch.setenv("PRISM_TREE_ATTENTION_KERNEL", "split")
     assert split_workspace_floats((600, 2, 64), (8, 16, 2, 64)) == 600 * 2 * 68 * (1 + 2) + table
-
-
-def test_unknown_merge_choice_is_an_error(gpu, monkeypatch):
-    """PRISM_TREE_ATTENTION_MERGE takes kernel or fused; a typo must fail the call, not run
-    whichever path happens to be the default."""
-    monkeypatch.setenv("PRISM_TREE_ATTENTION_KERNEL", "split")
-    monkeypatch.setenv("PRISM_TREE_ATTENTION_MERGE", "pass2")
-    a = good_args()
-    out = jax.ShapeDtypeStruct(a["q"].shape, jnp.float32)
-    pools = jax.ShapeDtypeStruct(a["k_pages"].shape, jnp.float32)
-    t, n, h = a["q"].shape
-    p, l, kh, _ = a["k_pages"].shape
-    floats = t * n * (h + SPLIT_RECORD_TAIL) * (1 + -(-(p * l) // 64)) + SPLIT_TABLE_FLOATS
-    workspace = jax.ShapeDtypeStruct((floats,), jnp.float32)
-    call = jax.ffi.ffi_call("prism_tree_attention", (out, pools, pools, workspace))
-    placed = [jax.device_put(x, gpu) for x in a.values()]
-    with pytest.raises(Exception, match="PRISM_TREE_ATTENTION_MERGE must be"):
-        jax.block_until_ready(call(*placed, scale=np.float32(1), window=np.int32(0)))
 
 
 def test_forced_split_without_workspace_is_an_error(gpu, monkeypatch):
