@@ -11,10 +11,10 @@
 // rows in shared memory as f32; then TilePartials computes:
 //   scores (TileScores, warps in pairs): each lane computes the dots of 2 keys with kPW pairs'
 //     q, serially in one thread but in the attention dot's order (tree_attention.h): lane
-//     partials of kVec fused multiply-adds from +0, the butterfly levels whose offset is
-//     >= H / kVec as one `+ 0`, then the remaining levels as a tree (leaves visited in
-//     bit-reversed order, so each level adds partial[i] and partial[i + off] exactly as the
-//     xor shuffle does); s = dot * scale, into shared memory. Then warp w works alone on its
+//     partials of kVec fused multiply-adds from +0, the remaining levels as a tree (leaves
+//     visited in bit-reversed order, so each level adds partial[i] and partial[i + off]
+//     exactly as the xor shuffle does), the levels whose offset is >= H / kVec as one `+ 0` on
+//     the sum (TileScores says why that is the same); s = dot * scale, into shared memory. Then warp w works alone on its
 //     kPW pairs:
 //   max: TileStep's serial max as an exact (value, position) butterfly over the warp.
 //   e_i = expf(s_i - mt), then lane l owns H / 32 dimensions of each pair and adds lt and
@@ -107,21 +107,22 @@ __device__ __forceinline__ void TileScores(const Smem& sm, float scale, int warp
         float acc = 0.0f;
 #pragma unroll
         for (int e = 0; e < kVec; ++e) acc = __fmaf_rn(qc[e], kc[u][e], acc);
-        // The butterfly's `+ 0` levels (offsets >= H / kVec): one `+ 0` stands for all of
-        // them. A fused sum can round to -0 (a negative product below the smallest denormal),
-        // which the first `+ 0` turns into +0, and `+ 0` leaves every other value (NaNs from
-        // the GPU's own arithmetic are already canonical). H = 256 has no such level.
-        if constexpr (S::kLog < 5) acc = __fadd_rn(acc, 0.0f);
         PushLeaf<S::kLog>(stack[i][u], acc, seq);
       }
     }
   }
+  // The butterfly's `+ 0` levels (offsets >= H / kVec; H = 256 has none) add +0 to each leaf
+  // first: that only turns a leaf of -0 (a fused sum of negative products below the smallest
+  // denormal) into +0, and x + y is -0 only when both are, so the leaves' `+ 0` changes the
+  // tree's sum only where it is -0, into +0: exactly what one `+ 0` on the sum does (NaNs from
+  // the GPU's own arithmetic are canonical and stay so). One add a dot instead of H / kVec.
 #pragma unroll
   for (int i = 0; i < kPW; ++i) {
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
-      sm.sc[(pair0 + i) * S::kScRow + key0 + u * (kWarpSize / 2)] =
-          __fmul_rn(stack[i][u][S::kLog], scale);
+      float dot = stack[i][u][S::kLog];
+      if constexpr (S::kLog < 5) dot = __fadd_rn(dot, 0.0f);
+      sm.sc[(pair0 + i) * S::kScRow + key0 + u * (kWarpSize / 2)] = __fmul_rn(dot, scale);
     }
   }
 }

@@ -44,7 +44,16 @@ namespace split {
 
 constexpr int kTail = 4;  // record floats after acc: m, l, seen, padding (16-byte records)
 constexpr int kMergeWarps = 4;
-constexpr int kMergeBatch = 8;  // partial records a merge warp loads before merging them
+// Partial records a merge warp loads before merging them: 8 keeps a long span's records in
+// flight (a follow-up's 17-65 tiles), but at 96 registers only 5 blocks fit an SM, so a big
+// step's warps (a one-question layer: 8,192) ran in ~3 waves; 4 records in fewer registers
+// let more blocks in for the short spans of big steps (MergeBatch).
+constexpr int kMergeBatchLong = 8;
+constexpr int kMergeBatchShort = 4;
+template <int kH, int kBatch>
+constexpr int MergeMinBlocks() {  // blocks an SM must hold (__launch_bounds__), no spills
+  return kBatch > kMergeBatchShort ? 1 : kH <= 128 ? 10 : 6;
+}
 template <int kH>
 constexpr int Record() {
   return kH + kTail;
@@ -297,8 +306,8 @@ __device__ __forceinline__ void MergeTile(const float4& tail, const float (&acct
 }
 
 // Pass 2 (see the top of this file): one warp per (t, n), kMergeWarps per block.
-template <typename Q, int kH>
-__global__ void __launch_bounds__(kMergeWarps * kWarpSize)
+template <typename Q, int kH, int kBatch>
+__global__ void __launch_bounds__(kMergeWarps * kWarpSize, MergeMinBlocks<kH, kBatch>())
     MergeKernel(Dims dm, int qt, Round rd, bool first_round, bool last_round,
                 const float* __restrict__ part, const int32_t* __restrict__ table,
                 float* __restrict__ state, Q* __restrict__ out) {
@@ -317,11 +326,11 @@ __global__ void __launch_bounds__(kMergeWarps * kWarpSize)
   }
   const int64_t left = sp.hi - (sp.lo + rd.base) + 1;  // the span's tiles from this round on
   const int64_t slots = left < 0 ? 0 : (left < rd.slots ? left : rd.slots);
-  for (int64_t i0 = 0; i0 < slots; i0 += kMergeBatch) {  // kMergeBatch records in flight
-    float4 tail[kMergeBatch];
-    float acct[kMergeBatch][kDims];
+  for (int64_t i0 = 0; i0 < slots; i0 += kBatch) {  // kBatch records in flight
+    float4 tail[kBatch];
+    float acct[kBatch][kDims];
 #pragma unroll
-    for (int u = 0; u < kMergeBatch; ++u) {
+    for (int u = 0; u < kBatch; ++u) {
       tail[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // past the span: seen = 0
       if (i0 + u >= slots) continue;
       const float* rec = part + ((i0 + u) * dm.t * dm.n + w) * Record<kH>();
@@ -329,7 +338,7 @@ __global__ void __launch_bounds__(kMergeWarps * kWarpSize)
       lanes::LoadDims<kDims>(rec + lane * kDims, acct[u]);  // unused (unset) when seen = 0
     }
 #pragma unroll
-    for (int u = 0; u < kMergeBatch; ++u) MergeTile<kH>(tail[u], acct[u], &st);
+    for (int u = 0; u < kBatch; ++u) MergeTile<kH>(tail[u], acct[u], &st);
   }
   if (last_round) {
 #pragma unroll

@@ -44,6 +44,17 @@ def tiles(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture
+def batch(request, monkeypatch):
+    """Records a merge warp loads at once: "" = the handler's choice (4 above 64 tokens, else 8),
+    else forced. The merge order is the same either way, so the bits must be too."""
+    if request.param:
+        monkeypatch.setenv("PRISM_TREE_ATTENTION_MERGE_BATCH", request.param)
+    else:
+        monkeypatch.delenv("PRISM_TREE_ATTENTION_MERGE_BATCH", raising=False)
+    return request.param
+
+
 @pytest.mark.parametrize("h", [64, 128, 256])
 @pytest.mark.parametrize("nh", [2, 4, 8])  # G = 1, 2, 4 with K = 2
 @pytest.mark.parametrize("dtype,q_dtype", DTYPES)
@@ -61,28 +72,30 @@ def test_split_kernel_forest_bitwise(gpu, rng, monkeypatch, h, nh, dtype, q_dtyp
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("window", [0, 1000])
 @pytest.mark.parametrize("tiles", ["", "2", "3"], indirect=True)
+@pytest.mark.parametrize("batch", ["", "4"], indirect=True)
 def test_split_kernel_short_step_on_long_state_bitwise(
-    gpu, rng, monkeypatch, h, dtype, window, tiles
+    gpu, rng, monkeypatch, h, dtype, window, tiles, batch
 ):
     """The follow-up question: a ~2.6K-key state, then 32 tokens of the same chain in a step of
     T = 64 (the rest padding), which the automatic choice ("") gives to the split kernel."""
     kernels = ("warp", "split", "")
     results = long_state_runs(gpu, rng, monkeypatch, kernels, h, dtype, window, 32, 64)
-    assert_same_kernels(results, kernels, f"long state H={h} tiles={tiles!r}")
+    assert_same_kernels(results, kernels, f"long state H={h} tiles={tiles!r} batch={batch!r}")
 
 
 @pytest.mark.parametrize("h", [128, 256])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("window", [0, 1000])
 @pytest.mark.parametrize("tiles", ["", "2"], indirect=True)
+@pytest.mark.parametrize("batch", ["", "8"], indirect=True)
 def test_split_kernel_prefix_chunk_on_long_state_bitwise(
-    gpu, rng, monkeypatch, h, dtype, window, tiles
+    gpu, rng, monkeypatch, h, dtype, window, tiles, batch
 ):
     """A 200-token chunk after a ~2.4K-key prefix in a step of T = 256 (a forest or prefill
     step after a prefix-cache hit): the split kernel's larger steps, automatic choice included."""
     kernels = ("warp", "split", "")
     results = long_state_runs(gpu, rng, monkeypatch, kernels, h, dtype, window, 200, 256)
-    assert_same_kernels(results, kernels, f"chunk of 200 H={h} tiles={tiles!r}")
+    assert_same_kernels(results, kernels, f"chunk of 200 H={h} tiles={tiles!r} batch={batch!r}")
 
 
 def decode_chains(rng, pool, n_rows, blind):
@@ -189,6 +202,22 @@ def test_workspace_holds_the_pool_within_the_budget(monkeypatch):
     assert big == record * (1 + SPLIT_BUDGET_BYTES // (4 * record)) + table, big
     monkeypatch.setenv("PRISM_TREE_ATTENTION_KERNEL", "split")
     assert split_workspace_floats((600, 2, 64), (8, 16, 2, 64)) == 600 * 2 * 68 * (1 + 2) + table
+
+
+def test_unknown_merge_batch_is_an_error(gpu, monkeypatch):
+    """PRISM_TREE_ATTENTION_MERGE_BATCH takes 4 or 8; anything else must fail the call and say
+    what it takes, not run a kernel that was never built."""
+    monkeypatch.setenv("PRISM_TREE_ATTENTION_KERNEL", "split")
+    monkeypatch.setenv("PRISM_TREE_ATTENTION_MERGE_BATCH", "16")
+    a = good_args()
+    floats = split_workspace_floats(a["q"].shape, a["k_pages"].shape)  # a round fits
+    out = jax.ShapeDtypeStruct(a["q"].shape, jnp.float32)
+    pools = jax.ShapeDtypeStruct(a["k_pages"].shape, jnp.float32)
+    workspace = jax.ShapeDtypeStruct((floats,), jnp.float32)
+    call = jax.ffi.ffi_call("prism_tree_attention", (out, pools, pools, workspace))
+    placed = [jax.device_put(x, gpu) for x in a.values()]
+    with pytest.raises(Exception, match="PRISM_TREE_ATTENTION_MERGE_BATCH must be 4 or 8"):
+        jax.block_until_ready(call(*placed, scale=np.float32(1), window=np.int32(0)))
 
 
 def test_forced_split_without_workspace_is_an_error(gpu, monkeypatch):
