@@ -26,7 +26,7 @@
 #                                 $OUT/e2e_two and $OUT/e2e_one (one = --single-digit); a mode
 #                                 ending in -attn (two-attn, one-attn) adds --attention digits;
 #                                 one ending in -b8 (one-b8) runs with
-#                                 PRISM_TREE_ATTENTION_MERGE_BATCH=8 (the merge's long batch)
+#                                 PRISM_TREE_ATTENTION_MERGE_BATCH=8 (8 records in every step)
 #   ATTN_BENCH=1                  then run benchmarks/attention_bench.py (tree_attention vs the
 #                                 run's ceilings and XLA; $OUT/attention.jsonl, attention.md),
 #                                 extra arguments in ATTN_ARGS (e.g. "--dtypes f32"), interrupted

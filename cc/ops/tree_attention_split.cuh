@@ -44,15 +44,19 @@ namespace split {
 
 constexpr int kTail = 4;  // record floats after acc: m, l, seen, padding (16-byte records)
 constexpr int kMergeWarps = 4;
-// Partial records a merge warp loads before merging them: 8 keeps a long span's records in
-// flight (a follow-up's 17-65 tiles), but at 96 registers only 5 blocks fit an SM, so a big
-// step's warps (a one-question layer: 8,192) ran in ~3 waves; 4 records in fewer registers
-// let more blocks in for the short spans of big steps (MergeBatch).
-constexpr int kMergeBatchLong = 8;
+// Partial records a merge warp loads before merging them. Long spans (a follow-up question's
+// 17-65 tiles, few pairs) want many in flight: 16 (168 registers at H = 128, 3 blocks an SM,
+// which still holds a 64-token step's grid at once). Short spans with many pairs (a prompt, a
+// forest: 8,192-14,336 warps) want resident warps: 4 (48 registers, 10 blocks an SM); the
+// 8-record kernel's 128 registers ran a one-question layer's warps in ~4 waves.
 constexpr int kMergeBatchShort = 4;
+constexpr int kMergeBatchMid = 8;
+constexpr int kMergeBatchLong = 16;
 template <int kH, int kBatch>
 constexpr int MergeMinBlocks() {  // blocks an SM must hold (__launch_bounds__), no spills
-  return kBatch > kMergeBatchShort ? 1 : kH <= 128 ? 10 : 6;
+  if constexpr (kBatch <= kMergeBatchShort) return kH <= 128 ? 10 : 6;
+  if constexpr (kBatch <= kMergeBatchMid) return kH <= 128 ? 4 : 1;
+  return kH <= 128 ? 3 : 1;
 }
 template <int kH>
 constexpr int Record() {
