@@ -33,17 +33,15 @@ inline Kernel ForcedKernel() {
 
 // Records a merge warp keeps in flight (split::kMergeBatch*): steps of more than
 // kBlockMinTokens tokens (a prompt, a forest: many pairs, short spans) take the short batch,
-// smaller steps (a follow-up question, decode: few pairs, long spans) the long one (the middle
-// one at H = 256, where 16 records take 236 registers). PRISM_TREE_ATTENTION_MERGE_BATCH=4|8|16
-// forces one (tests and benchmarks); same bits.
-inline ffi::Error MergeBatch(bool big, int64_t h, int* batch) {
+// smaller steps (a follow-up question, decode: few pairs, long spans) the long one.
+// PRISM_TREE_ATTENTION_MERGE_BATCH=4|8 forces one (tests and benchmarks); same bits.
+inline ffi::Error MergeBatch(bool big, int* batch) {
   const char* name = std::getenv("PRISM_TREE_ATTENTION_MERGE_BATCH");
   const std::string s = name == nullptr ? "" : name;
-  PRISM_REQUIRE(s.empty() || s == "4" || s == "8" || s == "16",
-                "prism_tree_attention: PRISM_TREE_ATTENTION_MERGE_BATCH must be 4, 8 or 16 "
-                "(or unset), not '" + s + "'");
-  const int small = h <= 128 ? split::kMergeBatchLong : split::kMergeBatchMid;
-  *batch = s.empty() ? (big ? split::kMergeBatchShort : small) : std::stoi(s);
+  PRISM_REQUIRE(s.empty() || s == "4" || s == "8",
+                "prism_tree_attention: PRISM_TREE_ATTENTION_MERGE_BATCH must be 4 or 8 (or "
+                "unset), not '" + s + "'");
+  *batch = s.empty() ? (big ? split::kMergeBatchShort : split::kMergeBatchLong) : std::stoi(s);
   return ffi::Error::Success();
 }
 
@@ -114,10 +112,10 @@ ffi::Error LaunchSplit(cudaStream_t stream, const Workspace& ws, const Q* q, con
   const unsigned grid = static_cast<unsigned>(std::min(resident, nb * dm.k * plan.slots));
   const int64_t covered = plan.rounds * plan.slots;
   int batch = 0;
-  if (auto e = MergeBatch(big, kH, &batch); e.failure()) return e;
-  auto* merge = batch == split::kMergeBatchShort ? split::MergeKernel<Q, kH, split::kMergeBatchShort>
-               : batch == split::kMergeBatchMid   ? split::MergeKernel<Q, kH, split::kMergeBatchMid>
-                                                  : split::MergeKernel<Q, kH, split::kMergeBatchLong>;
+  if (auto e = MergeBatch(big, &batch); e.failure()) return e;
+  auto* merge = batch == split::kMergeBatchShort
+                    ? split::MergeKernel<Q, kH, split::kMergeBatchShort>
+                    : split::MergeKernel<Q, kH, split::kMergeBatchLong>;
   for (int64_t r = 0; r < plan.rounds; ++r) {
     const split::Round rd{r * plan.slots, plan.slots, covered};
     kernel<<<grid, block::kThreads, kSmem, stream>>>(q, k_pool, v_pool, dm, tb, scale, window,

@@ -45,18 +45,17 @@ namespace split {
 constexpr int kTail = 4;  // record floats after acc: m, l, seen, padding (16-byte records)
 constexpr int kMergeWarps = 4;
 // Partial records a merge warp loads before merging them. Long spans (a follow-up question's
-// 17-65 tiles, few pairs) want many in flight: 16 (168 registers at H = 128, 3 blocks an SM,
-// which still holds a 64-token step's grid at once). Short spans with many pairs (a prompt, a
-// forest: 8,192-14,336 warps) want resident warps: 4 (48 registers, 10 blocks an SM); the
-// 8-record kernel's 128 registers ran a one-question layer's warps in ~4 waves.
+// 17-65 tiles, few pairs) want them in flight: 8 (96 registers at H = 128; 16 records, at 168,
+// merged a 4K follow-up no faster: 0.484 against 0.463 ms a step). Short spans with many pairs
+// (a prompt, a forest: 8,192-14,336 warps) want resident warps: 4 (48 registers, 10 blocks an
+// SM). The 8-record kernel at its unbounded 128 registers ran a one-question layer's warps in
+// ~4 waves (results/e2e_h200_session25/README.md).
 constexpr int kMergeBatchShort = 4;
-constexpr int kMergeBatchMid = 8;
-constexpr int kMergeBatchLong = 16;
+constexpr int kMergeBatchLong = 8;
 template <int kH, int kBatch>
 constexpr int MergeMinBlocks() {  // blocks an SM must hold (__launch_bounds__), no spills
   if constexpr (kBatch <= kMergeBatchShort) return kH <= 128 ? 10 : 6;
-  if constexpr (kBatch <= kMergeBatchMid) return kH <= 128 ? 4 : 1;
-  return kH <= 128 ? 3 : 1;
+  return kH <= 128 ? 4 : 1;
 }
 template <int kH>
 constexpr int Record() {
