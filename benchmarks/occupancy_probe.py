@@ -5,7 +5,7 @@ occupancy sections (benchmarks/occupancy_ncu.sh runs it under ncu).
         [--norm-kernels lean8,bulk]
 
 Calls, in order: rmsnorm_quant (the launcher's choice, then each PRISM_RMSNORM_KERNEL of
---norm-kernels),
+--norm-kernels), add_rmsnorm_quant (the launcher's choice: the pre-norm of every 27B layer),
 glu_quant_pair (one digit), candidate_head (the launcher's choice, then
 PRISM_CANDIDATE_HEAD_KERNEL=warp). f32 activations, the 27B's D = 5376 and F = 21504.
 """
@@ -44,6 +44,9 @@ def main() -> None:
         call(f"rmsnorm_quant {kernel or 'default'}",
              lambda x, g: ops.rmsnorm_quant(x, g, eps=1e-6), x, gamma)  # fmt: skip
     os.environ.pop("PRISM_RMSNORM_KERNEL")
+    res = jax.random.normal(jax.random.key(1), (args.m, D), jnp.float32)
+    call("add_rmsnorm_quant",
+         lambda x, r, g: ops.add_rmsnorm_quant(x, r, g, eps=1e-6), x, res, gamma)  # fmt: skip
     gu = jax.random.normal(key, (args.m, 2, F), jnp.float32)
     call("glu_quant_pair", lambda gu: ops.glu_quant_pair(gu, activation="gelu_tanh"), gu)
     emb = jax.random.normal(key, (args.vocab, D), jnp.bfloat16)
