@@ -14,8 +14,8 @@
 //     partials of kVec fused multiply-adds from +0, the remaining levels as a tree (leaves
 //     visited in bit-reversed order, so each level adds partial[i] and partial[i + off]
 //     exactly as the xor shuffle does), the levels whose offset is >= H / kVec as one `+ 0` on
-//     the sum (TileScores says why that is the same); s = dot * scale, into shared memory. Then warp w works alone on its
-//     kPW pairs:
+//     the sum (TileScores says why that is the same); s = dot * scale, into shared memory.
+//     Then warp w works alone on its kPW pairs:
 //   max: TileStep's serial max as an exact (value, position) butterfly over the warp.
 //   e_i = expf(s_i - mt), then lane l owns H / 32 dimensions of each pair and adds lt and
 //     e_i * v_i (fused) over the visible keys in increasing position.
