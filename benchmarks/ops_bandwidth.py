@@ -6,7 +6,8 @@
 
 The ops as the 27B model calls them (D = 5376, F = 21504, gelu_tanh), in the activation dtype
 of its INT8 path (f32; bf16 with --dtypes): rmsnorm_quant, add_rmsnorm_quant (residual add,
-norm, quantisation; writes h), rmsnorm (float out), add_rmsnorm (float out and h),
+norm, quantisation; writes h), norm_add_rmsnorm_quant (the same with Gemma's post-norm of x
+fused in front: the 27B's pre-norms), rmsnorm (float out), add_rmsnorm (float out and h),
 quantize_digits (two digits of float rows), glu_quant_pair (one digit), glu_quant2_pair
 and glu_quant2_sum (two digits: the latter reads the three partial products), at M tokens;
 candidate_head (R rows x C = 16 candidates gathered from a 262,208 x 5376 bf16 embedding) and
@@ -96,6 +97,11 @@ def norm_ops(m: int, dt, emit, runs, normal, kernels: list[str]) -> None:
                lambda x, r: ops.add_rmsnorm_quant(x, r, gamma, eps=1e-6, weight_offset=1.0),
                lambda i: (normal(i, (m, D), dt), normal(i + 1000, (m, D), dt)),
                2 * x_bytes + D * 4, x_bytes + q_out, emit, runs, tag=kernel, **meta)  # fmt: skip
+        run_op("norm_add_rmsnorm_quant",  # Gemma's post-norm fused in front (the 27B's pre-norm)
+               lambda x, r: ops.add_rmsnorm_quant(x, r, gamma, eps=1e-6, weight_offset=1.0,
+                                                  x_gamma=gamma),
+               lambda i: (normal(i, (m, D), dt), normal(i + 1000, (m, D), dt)),
+               2 * x_bytes + 2 * D * 4, x_bytes + q_out, emit, runs, tag=kernel, **meta)  # fmt: skip
         if kernel == "default":
             run_op("rmsnorm", lambda x: ops.rmsnorm(x, gamma, eps=1e-6, weight_offset=1.0),
                    lambda i: (normal(i, (m, D), dt),), x_bytes + D * 4, x_bytes, emit, runs,
