@@ -33,7 +33,7 @@ ffi::Error LaunchPreNorm(cudaStream_t stream, int64_t m, const NormArgs<T>& a, c
   PRISM_REQUIRE(m <= 0x7fffffff, std::string(op) + ": too many rows for one grid");
   int forced = 0;
   if (auto e = ForcedNormKernel(&forced); e.failure()) return e;
-  const bool lean = forced > kForceLean || (forced == 0 && PreNormLean(m));
+  const bool lean = forced > kForceLean || (forced == 0 && m >= kLeanRows);
   const int warps = forced > 0 ? forced % kForceLean : SplitWarps(m, a.d, lean);
   if (forced != -1 && a.d <= kMaxRegChunks * kStride && warps >= 2) {
     LaunchSplitRowsFor<T, true>(stream, m, warps, lean, a);

@@ -9,7 +9,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstring>
 
 #include "cc/cuda_common.cuh"
 #include "cc/numerics.h"
@@ -85,54 +84,6 @@ struct RegSlice {
       }
     }
     AddResidual(a, off, rv);
-  }
-
-  // The fused post-norm's residual through shared memory (the lean form's, whole chunks): the
-  // thread cp.asyncs its own chunks into its own slots, so they take no registers while x's
-  // inverse RMS is chained, and no barrier orders them (a thread reads only what it copied,
-  // after its own wait). slots: the warp's [kChunks][kParts][kWarpSize] 16-byte slots.
-  static constexpr int kParts = kVec * static_cast<int>(sizeof(T)) / 16;  // 16 B a chunk part
-  __device__ __forceinline__ void LoadPreNormStaged(const NormArgs<T>& a, int64_t off,
-                                                    uint4* slots, int lane) {
-    static_assert(kFull, "the staged residual copies whole, 16-byte-aligned chunks");
-    Load(a.x + off, h);
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-#pragma unroll
-      for (int p = 0; p < kParts; ++p) {
-        const T* src = a.residual + off + at[j] + p * (16 / static_cast<int>(sizeof(T)));
-        const unsigned dst = static_cast<unsigned>(
-            __cvta_generic_to_shared(slots + (j * kParts + p) * kWarpSize + lane));
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src)
-                     : "memory");
-      }
-    }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-  }
-
-  // AddNormedResidual with the residual read back from LoadPreNormStaged's slots.
-  __device__ __forceinline__ void AddNormedStagedResidual(const NormArgs<T>& a, int64_t off,
-                                                          const uint4* slots, int lane,
-                                                          float inv_x) {
-    static_assert(sizeof(RegChunk<T>) == kParts * sizeof(uint4), "a chunk is its parts");
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      float w[kVec], v[kVec];
-      LoadWeightsOf(a.x_gamma, a.weight_offset, j, w);
-      RegChunk<T> rv;
-      uint4 parts[kParts];
-#pragma unroll
-      for (int p = 0; p < kParts; ++p) parts[p] = slots[(j * kParts + p) * kWarpSize + lane];
-      memcpy(&rv, parts, sizeof(rv));  // the storage format, as RegChunk::LoadFull reads it
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        h[j].SetRounded(i, __fmul_rn(__fmul_rn(h[j].Get(i), inv_x), w[i]));
-        h[j].SetRounded(i, __fadd_rn(h[j].Get(i), rv.Get(i)));  // AddResidual's add
-        v[i] = h[j].Get(i);
-      }
-      if (cnt[j] > 0) StoreSliceChunk<kFull>(a.h + off + at[j], cnt[j], v);
-    }
   }
 
   // w = weight_offset + gamma for the slice's elements (NormChunk's second factor).

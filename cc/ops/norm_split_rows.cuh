@@ -69,26 +69,11 @@ __device__ __forceinline__ float SplitRowMax(float amax, int warp, int warps) {
 constexpr int kLeanBlocks = 3;
 constexpr int64_t kLeanRows = 1024;  // rows from which the launcher takes the lean form
 
-// The fused post-norm's lean form with whole chunks of at most 3 a lane keeps the residual in
-// shared memory (RegSlice::LoadPreNormStaged) instead of 24 registers, so 4 rows of 8 warps fit
-// an SM: the 27B forest step's 448 rows (D = 5376 f32) in one wave, where the preloading
-// kernel (230 registers, 2 rows an SM) needs two.
-template <bool kFull, bool kLean, bool kPre, int kChunks>
-constexpr bool kStagesResidual = kFull && kLean && kPre && kChunks <= 3;
-constexpr int kStagedLeanBlocks = 4;
-// Rows from which the fused post-norm's launcher takes the lean form: kLeanRows, or more rows
-// than the preloading kernel holds in one wave (2 an SM at D = 5376 f32).
-inline bool PreNormLean(int64_t m) { return m >= kLeanRows || m > 2 * DeviceSmCount(); }
-template <bool kFull, bool kLean, bool kPre, int kChunks>
-constexpr int kSplitMinBlocks =
-    !kLean ? 1 : (kStagesResidual<kFull, kLean, kPre, kChunks> ? kStagedLeanBlocks : kLeanBlocks);
-
 // One block per row (blockIdx.x), blockDim.x / kWarpSize warps. kChunks >= each warp's share.
 // kPre: Gemma's post-norm fused in front (a.x_gamma, a.residual set): x's own inverse RMS is
 // chained first over the same slices, then h = rmsnorm(x) + residual (AddNormedResidual).
 template <typename T, int kChunks, bool kFull, bool kLean, bool kPre>
-__global__ void __launch_bounds__(kMaxSplit * kWarpSize,
-                                  kSplitMinBlocks<kFull, kLean, kPre, kChunks>)
+__global__ void __launch_bounds__(kMaxSplit * kWarpSize, kLean ? kLeanBlocks : 1)
     NormSplitRowsKernel(NormArgs<T> a) {
   const int warps = static_cast<int>(blockDim.x / kWarpSize);
   const int warp = static_cast<int>(threadIdx.x / kWarpSize);
@@ -97,13 +82,7 @@ __global__ void __launch_bounds__(kMaxSplit * kWarpSize,
   const int chunks = static_cast<int>((a.d + kStride - 1) / kStride);  // per lane, whole row
   RegSlice<T, kChunks, kFull> s;
   s.Locate(a.d, lane, warp * chunks / warps, (warp + 1) * chunks / warps);
-  if constexpr (kStagesResidual<kFull, kLean, kPre, kChunks>) {
-    using Slice = RegSlice<T, kChunks, kFull>;
-    __shared__ uint4 slots[kMaxSplit][kChunks * Slice::kParts * kWarpSize];
-    s.LoadPreNormStaged(a, off, slots[warp], lane);
-    const float inv_x = ChainedInverseRms(s, a, warp, warps, lane);
-    s.AddNormedStagedResidual(a, off, slots[warp], lane, inv_x);
-  } else if constexpr (kPre) {
+  if constexpr (kPre) {
     RegChunk<T> rv[kChunks];
     s.LoadPreNorm(a, off, rv);
     const float inv_x = ChainedInverseRms(s, a, warp, warps, lane);
@@ -169,12 +148,6 @@ void LaunchSplitRows(cudaStream_t stream, int64_t m, int warps, const NormArgs<T
   const unsigned grid = static_cast<unsigned>(m), threads = warps * kWarpSize;
   const bool aligned_x_gamma = (reinterpret_cast<uintptr_t>(a.x_gamma) & 15u) == 0;
   if (FullChunks(a) && (!kPre || aligned_x_gamma)) {
-    if constexpr (kStagesResidual<true, kLean, kPre, kChunks>) {  // a hint, once per kernel:
-      static const cudaError_t carved = cudaFuncSetAttribute(  // 4 blocks' slots (~99 KB f32)
-          NormSplitRowsKernel<T, kChunks, true, kLean, kPre>,
-          cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-      (void)carved;
-    }
     NormSplitRowsKernel<T, kChunks, true, kLean, kPre><<<grid, threads, 0, stream>>>(a);
   } else {
     NormSplitRowsKernel<T, kChunks, false, kLean, kPre><<<grid, threads, 0, stream>>>(a);

@@ -55,7 +55,7 @@ def test_fused_post_norm_bitwise(device, rng, m, d, dtype, style):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [1, 64, 256, 448, 1100])  # from 448 (> 2 rows an H200 SM): lean
+@pytest.mark.parametrize("m", [1, 64, 256, 1100])  # 1100: the launcher's own choice is lean
 @pytest.mark.parametrize("d", [777, 1000, 4101, 5376])
 def test_fused_post_norm_every_kernel(gpu, rng, monkeypatch, dtype, m, d):
     """The split kernels' fused form (reg2/4/8, lean2/4/8, the launcher's choice) and the
