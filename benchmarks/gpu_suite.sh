@@ -27,8 +27,8 @@
 #                                 ending in -attn (two-attn, one-attn) adds --attention digits;
 #                                 one ending in -b8 (one-b8) runs with
 #                                 PRISM_TREE_ATTENTION_MERGE_BATCH=8 (8 records in every step),
-#                                 one ending in -lean8 or -lean4 with PRISM_RMSNORM_KERNEL=lean8
-#                                 or lean4 (the norms' lean split kernel forced)
+#                                 one ending in -lean<n> or -reg<n> (one-reg4) with that
+#                                 PRISM_RMSNORM_KERNEL (the norms' split kernel forced)
 #   ATTN_BENCH=1                  then run benchmarks/attention_bench.py (tree_attention vs the
 #                                 run's ceilings and XLA; $OUT/attention.jsonl, attention.md),
 #                                 extra arguments in ATTN_ARGS (e.g. "--dtypes f32"), interrupted
@@ -119,7 +119,7 @@ if [ "${E2E:-0}" != 0 ]; then
     case "$digits" in *-attn) extra="$extra --attention digits" ;; esac
     batch="" norm=""
     case "$digits" in *-b8) batch=8 ;; esac
-    case "$digits" in *-lean8) norm=lean8 ;; *-lean4) norm=lean4 ;; esac
+    case "$digits" in *-lean[248] | *-reg[1248]) norm=${digits##*-} ;; esac
     # Both 27B models (int8 28-56 GB, bf16 ~54 GB) and the KV pool live on the card at once.
     # shellcheck disable=SC2086 (E2E_ARGS is a list of arguments)
     PRISM_TREE_ATTENTION_MERGE_BATCH=$batch PRISM_RMSNORM_KERNEL=$norm \
