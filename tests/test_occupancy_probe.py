@@ -19,6 +19,7 @@ def test_probe_makes_every_call_on_the_cpu():
         "rmsnorm_quant default: done",
         "rmsnorm_quant lean8: done",
         "add_rmsnorm_quant: done",
+        "norm_add_rmsnorm_quant: done",
         "glu_quant_pair: done",
         "candidate_head default: done",
         "candidate_head warp: done",
