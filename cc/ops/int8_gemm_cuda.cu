@@ -2,8 +2,8 @@
 //   y[m, n] = float(sum_k x_q[m, k] * w_q[n, k]) * s_x[m] * s_w[n], y f32 or bf16.
 // Shapes: M tokens, K input features, N output features; x_q [M, K] and w_q [N, K] row-major.
 //
-// One kernel per call (two for the wave split below), picked from M, N and K (kBuckets below,
-// chosen from measurements on an H200: benchmarks/results/gemm_h200*/):
+// One kernel per call, picked from M, N and K (kBuckets below, chosen from measurements on an
+// H200: benchmarks/results/gemm_h200*/):
 //   M <= 8             the weight-streaming decode kernel (int8_gemm_decode.cu); N < 8192 in
 //                      clusters of two blocks splitting K
 //   M <= 16            the TMA-fed streaming kernel (int8_gemm_tma.cu) with wgmma consumers:
@@ -11,10 +11,7 @@
 //                      N < 8192 or K >= 8192)
 //   M <= 32            the same for N >= 16384 (gate_up) and K >= 8192 (down)
 //   larger M           a CUTLASS SM90 kernel (int8_gemm_sm90_*.cu), data-parallel or stream-K;
-//                      stream-K's partial sums live in the call's workspace result. N >= 16384
-//                      at 128 < M <= 256 (gate_up): two launches, the 128x256 tile over the
-//                      columns that fill whole waves of the SMs, then stream-K over the rest
-//                      (int8_gemm_waves.h)
+//                      stream-K's partial sums live in the call's workspace result
 //   anything else      (K % 16 != 0, unaligned rows or pointers) the shared-memory __dp4a
 //                      kernel (int8_gemm_simt.cu), correct for any M, K, N.
 // Every kernel sums in int32 exactly and applies (acc * s_x) * s_w in fp32, so all give the CPU's
@@ -46,7 +43,6 @@
 #include "cc/ops/int8_gemm_shapes.h"
 #include "cc/ops/int8_gemm_simt.h"
 #include "cc/ops/int8_gemm_tma.h"
-#include "cc/ops/int8_gemm_waves.h"
 
 namespace prism {
 namespace {
@@ -119,23 +115,7 @@ struct Bucket {
                      // (`tile` where it cannot run)
   bool tma_wgmma = false;  // its consumers: wgmma warpgroups, else mma.sync warps
   int tma_stages = 0;      // its ring's stages (0: all blocks resident, int8_gemm_tma.cu)
-  // Wave split (WaveSplit): `tile` computes the columns of N that fill whole waves of the SMs,
-  // then `tail` (in `tail_order`) the rest, as a second launch into the same y.
-  bool wave_split = false;
-  Sm90Tile tail = Sm90Tile::kStreamK128x256;
-  Sm90Order tail_order = {};
 };
-// gate_up at M = 256 is 336 tiles of 128x256 on 132 SMs: 2.55 waves that run as 3, and
-// CUTLASS's stream-K heuristic keeps them data-parallel (the last wave is more than half full),
-// while forced stream-K splits two waves' worth of tiles and measured no faster (99.4 against
-// 98.7 µs, results/gemm_h200_session23/). So the bucket's own tile runs the first 264 tiles (two
-// full waves, N = 33792) and stream-K spreads the other 72 over every SM.
-constexpr Bucket WaveSplit(Bucket b, Sm90Tile tail, Sm90Order tail_order) {
-  b.wave_split = true;
-  b.tail = tail;
-  b.tail_order = tail_order;
-  return b;
-}
 constexpr int64_t kWideN = 16384;  // gate_up (N = 43008) among the 27B shapes
 constexpr int64_t kLongK = 8192;   // down (K = 21504)
 constexpr int64_t kMidN = 8192;    // qkv (N = 8192) and gate_up, not o (N = 5376)
@@ -153,7 +133,7 @@ constexpr Bucket kBucketsF32[] = {
     {64, 0, Sm90Tile::kSwapPing64x64},
     {128, 0, Sm90Tile::kPing64x256, kWideN},
     {128, 0, Sm90Tile::kSwap128x64},
-    WaveSplit({256, 0, Sm90Tile::kCoop128x256, kWideN}, Sm90Tile::kStreamK128x256, {0, 1, 's'}),
+    {256, 0, Sm90Tile::kCoop128x256, kWideN},
     {256, 0, Sm90Tile::kStreamK128x128, 0, kLongK, {0, 1, 's'}},
     {256, 0, Sm90Tile::kCoop128x128},
     {512, 0, Sm90Tile::kStreamK128x256, kWideN},
@@ -274,25 +254,6 @@ Sm90Tile DataParallelTwin(Sm90Tile tile) {
   }
 }
 
-// choice.tile over y's first `head` columns, then choice.tail over the rest (its workspace is
-// the call's); the second launch starts when the first ends (one stream).
-template <typename OutT>
-cudaError_t RunWaveSplit(const Bucket& choice, int64_t head, cudaStream_t stream, const int8_t* x,
-                         const float* sx, const int8_t* w, const float* sw, OutT* y, int64_t m,
-                         int64_t k, int64_t n, void* workspace, size_t workspace_bytes) {
-  cudaError_t e =
-      RunSm90(choice.tile, stream, x, sx, w, sw, y, m, k, head, nullptr, 0, choice.order, n);
-  if (e != cudaSuccess) return e;  // nothing launched, or a launch error
-  const int8_t* w_tail = w + head * k;
-  e = RunSm90(choice.tail, stream, x, sx, w_tail, sw + head, y + head, m, k, n - head, workspace,
-              workspace_bytes, choice.tail_order, n);
-  if (e == cudaErrorNotSupported && DataParallelTwin(choice.tail) != choice.tail) {
-    e = RunSm90(DataParallelTwin(choice.tail), stream, x, sx, w_tail, sw + head, y + head, m, k,
-                n - head, nullptr, 0, choice.tail_order, n);
-  }
-  return e;  // still not supported: the caller's general kernel recomputes all of y
-}
-
 template <typename OutT>
 cudaError_t Dispatch(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
                      const float* sw, OutT* y, int64_t m, int64_t k, int64_t n, void* workspace,
@@ -308,11 +269,6 @@ cudaError_t Dispatch(cudaStream_t stream, const int8_t* x, const float* sx, cons
       e = RunTma(tma, stream, x, sx, w, sw, y, m, k, n);
     }
     // A TMA bucket the kernel does not build (bf16 wgmma) runs its CUTLASS tile.
-    const int64_t head = choice.wave_split ? WaveHeadColumns(choice.tile, m, n) : 0;
-    if (e == cudaErrorNotSupported && head > 0 && Sm90Supports(x, w, y, k, n, sizeof(OutT))) {
-      e = RunWaveSplit(choice, head, stream, x, sx, w, sw, y, m, k, n, workspace,
-                       workspace_bytes);
-    }
     if (e == cudaErrorNotSupported && choice.decode_rows == 0 &&
         Sm90Supports(x, w, y, k, n, sizeof(OutT))) {
       e = RunSm90(choice.tile, stream, x, sx, w, sw, y, m, k, n, workspace, workspace_bytes,
@@ -380,7 +336,5 @@ size_t PrismInt8GemmWorkspaceBytes(int64_t m, int64_t k, int64_t n, bool f32) {
   bool simt = false;
   const prism::Bucket choice = prism::Choose<float>(m, k, n, &simt);
   if (simt || choice.decode_rows > 0 || choice.tma_rows > 0) return 0;
-  const int64_t head = choice.wave_split ? prism::WaveHeadColumns(choice.tile, m, n) : 0;
-  if (head > 0) return prism::Sm90WorkspaceBytes(choice.tail, m, k, n - head, choice.tail_order);
   return prism::Sm90WorkspaceBytes(choice.tile, m, k, n, choice.order);
 }

@@ -54,23 +54,20 @@ bool Sm90Supports(const void* x, const void* w, const void* y, int64_t k, int64_
 // cudaErrorNotSupported, with nothing launched). OutT: float, or uint16_t holding bf16 bits. Only
 // some tiles are built for bf16 (see int8_gemm_sm90_bf16.cu); the others return
 // cudaErrorNotSupported. workspace: device memory of workspace_bytes, used by stream-K tiles.
-// ldy: y's row stride in elements (0: n), so that y can be columns of a wider output (the
-// dispatch's wave split: int8_gemm_cuda.cu).
 template <typename OutT>
 cudaError_t RunSm90(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
                     const int8_t* w, const float* sw, OutT* y, int64_t m, int64_t k, int64_t n,
-                    void* workspace, size_t workspace_bytes, Sm90Order order, int64_t ldy = 0);
+                    void* workspace, size_t workspace_bytes, Sm90Order order);
 
 // The tiles of int8_gemm_sm90_variants.cu, float32 output: same contract.
 cudaError_t RunSm90Variant(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
                            const int8_t* w, const float* sw, float* y, int64_t m, int64_t k,
-                           int64_t n, Sm90Order order, int64_t ldy = 0);
+                           int64_t n, Sm90Order order);
 
 // Stream-K tiles, float32 output (int8_gemm_sm90_streamk.cu): same contract as RunSm90.
 cudaError_t RunSm90StreamK(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
                            const int8_t* w, const float* sw, float* y, int64_t m, int64_t k,
-                           int64_t n, void* workspace, size_t workspace_bytes, Sm90Order order,
-                           int64_t ldy = 0);
+                           int64_t n, void* workspace, size_t workspace_bytes, Sm90Order order);
 
 // Workspace bytes `tile` needs for an [M, K] x [N, K] GEMM with float32 output on this device
 // (0 for the data-parallel tiles, and when no CUDA device is visible).

@@ -122,7 +122,7 @@ struct Gemm {
 
   static typename Adapter::Arguments MakeArgs(const int8_t* x, const float* sx, const int8_t* w,
                                               const float* sw, ElementD* y, int64_t m, int64_t k,
-                                              int64_t n, Sm90Order order, int64_t ldy = 0) {
+                                              int64_t n, Sm90Order order) {
     // GEMM rows/cols: (m, n) standard, (n, m) swapped; A is x or w accordingly.
     const int gm = static_cast<int>(kSwap ? n : m), gn = static_cast<int>(kSwap ? m : n);
     const int gk = static_cast<int>(k);
@@ -132,17 +132,16 @@ struct Gemm {
     using StrideB = typename Kernel::StrideB;
     using StrideD = typename Kernel::StrideD;
     // Packed strides (the L mode, one batch, keeps 0): A and B K-major with leading dim K; D
-    // row-major (leading dim gn) or, swapped, column-major (leading dim gm = N); ldy > 0 makes
-    // y's row stride ldy instead of N (y then a column slice of a wider output).
+    // row-major (leading dim gn) or, swapped, column-major (leading dim gm = N).
     StrideA stride_a{};
     StrideB stride_b{};
     StrideD stride_d{};
     get<0>(stride_a) = gk;
     get<0>(stride_b) = gk;
     if constexpr (kSwap) {
-      get<1>(stride_d) = ldy > 0 ? ldy : gm;
+      get<1>(stride_d) = gm;
     } else {
-      get<0>(stride_d) = ldy > 0 ? ldy : gn;
+      get<0>(stride_d) = gn;
     }
 
     typename Adapter::Arguments args{
@@ -186,9 +185,8 @@ struct Gemm {
   // stays capturable in a command buffer); CUTLASS zeroes its barriers with cudaMemsetAsync.
   static cudaError_t Run(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
                          const float* sw, ElementD* y, int64_t m, int64_t k, int64_t n,
-                         void* workspace, size_t workspace_bytes, Sm90Order order,
-                         int64_t ldy = 0) {
-    typename Adapter::Arguments args = MakeArgs(x, sx, w, sw, y, m, k, n, order, ldy);
+                         void* workspace, size_t workspace_bytes, Sm90Order order) {
+    typename Adapter::Arguments args = MakeArgs(x, sx, w, sw, y, m, k, n, order);
     Adapter gemm;
     if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorNotSupported;
     // Too little workspace (a forced kernel the caller did not size for): refuse before launch.

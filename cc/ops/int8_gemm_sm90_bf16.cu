@@ -8,17 +8,17 @@ template <>
 cudaError_t RunSm90<uint16_t>(Sm90Tile tile, cudaStream_t stream, const int8_t* x,
                               const float* sx, const int8_t* w, const float* sw, uint16_t* y,
                               int64_t m, int64_t k, int64_t n, void* workspace,
-                              size_t workspace_bytes, Sm90Order order, int64_t ldy) {
+                              size_t workspace_bytes, Sm90Order order) {
   auto* yb = reinterpret_cast<cutlass::bfloat16_t*>(y);
   switch (tile) {
     case Sm90Tile::kCoop128x256:
       return sm90::Gemm<sm90::CfgCoop128x256, cutlass::bfloat16_t>::Run(stream, x, sx, w, sw, yb,
                                                                         m, k, n, workspace,
-                                                                        workspace_bytes, order, ldy);
+                                                                        workspace_bytes, order);
     case Sm90Tile::kSwap128x64:
       return sm90::Gemm<sm90::CfgSwap128x64, cutlass::bfloat16_t>::Run(stream, x, sx, w, sw, yb,
                                                                        m, k, n, workspace,
-                                                                       workspace_bytes, order, ldy);
+                                                                       workspace_bytes, order);
     default:
       return cudaErrorNotSupported;
   }

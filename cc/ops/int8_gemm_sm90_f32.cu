@@ -30,29 +30,29 @@ template <>
 cudaError_t RunSm90<float>(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
                            const int8_t* w, const float* sw, float* y, int64_t m, int64_t k,
                            int64_t n, void* workspace, size_t workspace_bytes,
-                           Sm90Order order, int64_t ldy) {
+                           Sm90Order order) {
   using sm90::Gemm;
   switch (tile) {
     case Sm90Tile::kCoop128x256:
       return Gemm<sm90::CfgCoop128x256, float>::Run(stream, x, sx, w, sw, y, m, k, n, workspace,
-                                                 workspace_bytes, order, ldy);
+                                                 workspace_bytes, order);
     case Sm90Tile::kPing64x256:
       return Gemm<sm90::CfgPing64x256, float>::Run(stream, x, sx, w, sw, y, m, k, n, workspace,
-                                                 workspace_bytes, order, ldy);
+                                                 workspace_bytes, order);
     case Sm90Tile::kCoop128x128:
       return Gemm<sm90::CfgCoop128x128, float>::Run(stream, x, sx, w, sw, y, m, k, n, workspace,
-                                                 workspace_bytes, order, ldy);
+                                                 workspace_bytes, order);
     case Sm90Tile::kSwap128x64:
       return Gemm<sm90::CfgSwap128x64, float>::Run(stream, x, sx, w, sw, y, m, k, n, workspace,
-                                                 workspace_bytes, order, ldy);
+                                                 workspace_bytes, order);
     case Sm90Tile::kStreamK128x128:
     case Sm90Tile::kStreamK128x256:
       return RunSm90StreamK(tile, stream, x, sx, w, sw, y, m, k, n, workspace, workspace_bytes,
-                            order, ldy);
+                            order);
     case Sm90Tile::kCoop128x192:
     case Sm90Tile::kSwapPing64x32:
     case Sm90Tile::kSwapPing64x64:
-      return RunSm90Variant(tile, stream, x, sx, w, sw, y, m, k, n, order, ldy);
+      return RunSm90Variant(tile, stream, x, sx, w, sw, y, m, k, n, order);
   }
   return cudaErrorNotSupported;
 }

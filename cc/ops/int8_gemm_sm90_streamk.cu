@@ -8,17 +8,14 @@ namespace prism {
 
 cudaError_t RunSm90StreamK(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
                            const int8_t* w, const float* sw, float* y, int64_t m, int64_t k,
-                           int64_t n, void* workspace, size_t workspace_bytes, Sm90Order order,
-                           int64_t ldy) {
+                           int64_t n, void* workspace, size_t workspace_bytes, Sm90Order order) {
   switch (tile) {
     case Sm90Tile::kStreamK128x128:
       return sm90::Gemm<sm90::CfgStreamK128x128, float>::Run(stream, x, sx, w, sw, y, m, k, n,
-                                                              workspace, workspace_bytes, order,
-                                                              ldy);
+                                                              workspace, workspace_bytes, order);
     case Sm90Tile::kStreamK128x256:
       return sm90::Gemm<sm90::CfgStreamK128x256, float>::Run(stream, x, sx, w, sw, y, m, k, n,
-                                                              workspace, workspace_bytes, order,
-                                                              ldy);
+                                                              workspace, workspace_bytes, order);
     default:
       return cudaErrorNotSupported;
   }

@@ -13,23 +13,22 @@ namespace {
 // A data-parallel tile: no workspace.
 template <class Cfg>
 cudaError_t RunTile(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
-                    const float* sw, float* y, int64_t m, int64_t k, int64_t n, Sm90Order order,
-                    int64_t ldy) {
-  return sm90::Gemm<Cfg, float>::Run(stream, x, sx, w, sw, y, m, k, n, nullptr, 0, order, ldy);
+                    const float* sw, float* y, int64_t m, int64_t k, int64_t n, Sm90Order order) {
+  return sm90::Gemm<Cfg, float>::Run(stream, x, sx, w, sw, y, m, k, n, nullptr, 0, order);
 }
 
 }  // namespace
 
 cudaError_t RunSm90Variant(Sm90Tile tile, cudaStream_t stream, const int8_t* x, const float* sx,
                            const int8_t* w, const float* sw, float* y, int64_t m, int64_t k,
-                           int64_t n, Sm90Order order, int64_t ldy) {
+                           int64_t n, Sm90Order order) {
   switch (tile) {
     case Sm90Tile::kCoop128x192:
-      return RunTile<sm90::CfgCoop128x192>(stream, x, sx, w, sw, y, m, k, n, order, ldy);
+      return RunTile<sm90::CfgCoop128x192>(stream, x, sx, w, sw, y, m, k, n, order);
     case Sm90Tile::kSwapPing64x32:
-      return RunTile<sm90::CfgSwapPing64x32>(stream, x, sx, w, sw, y, m, k, n, order, ldy);
+      return RunTile<sm90::CfgSwapPing64x32>(stream, x, sx, w, sw, y, m, k, n, order);
     case Sm90Tile::kSwapPing64x64:
-      return RunTile<sm90::CfgSwapPing64x64>(stream, x, sx, w, sw, y, m, k, n, order, ldy);
+      return RunTile<sm90::CfgSwapPing64x64>(stream, x, sx, w, sw, y, m, k, n, order);
     default:
       return cudaErrorNotSupported;
   }

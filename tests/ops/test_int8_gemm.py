@@ -109,25 +109,6 @@ def test_dispatch_streams_small_m_exactly(gpu, rng, m, k, n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,k,n", [(256, 528, 20480), (200, 1040, 43008)])
-def test_dispatch_wave_split_exact(gpu, rng, monkeypatch, m, k, n):
-    """128 < M <= 256 and N >= 16384: the dispatch runs the 128x256 tile over the columns of y
-    that fill whole waves of the SMs, then stream-K over the rest, into the same y (row stride
-    N). Exact, and the bits of the unsplit tile forced. The workspace is the stream-K tail's:
-    the plain tile alone would want none."""
-    assert workspace_bytes(m, k, n, jnp.float32) > 1, "no stream-K tail: the split did not apply"
-    x, w = random_int8(rng, (m, k), extreme=True), random_int8(rng, (n, k), extreme=True)
-    s_x = rng.uniform(1e-4, 1e-1, m).astype(np.float32)
-    s_w = rng.uniform(1e-4, 1e-1, n).astype(np.float32)
-    # float64 products of int8 codes sum exactly here (|acc| <= 127^2 * K < 2^53): BLAS speed.
-    acc = (x.astype(np.float64) @ w.astype(np.float64).T).astype(np.int64)
-    y = run_on(gpu, ops.int8_gemm, x, s_x, w, s_w)
-    assert_bitwise_equal(y, epilogue(acc, s_x, s_w), f"wave split at {(m, k, n)}")
-    monkeypatch.setenv("PRISM_INT8_GEMM_KERNEL", "sm90_coop_128x256x128_c2x1")
-    assert_bitwise_equal(run_on(gpu, ops.int8_gemm, x, s_x, w, s_w), y, "split vs unsplit tile")
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["tma64", "tma128k2", "tmawg128", "tmawg64k2", "decode32k2"])
 def test_leading_rows_with_streaming_kernels(gpu, rng, monkeypatch, kernel):
     """The streaming kernels read x through its first M rows only (the TMA's tensor map has M
