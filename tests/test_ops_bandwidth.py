@@ -9,7 +9,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "ops_bandwidth.py"
-OPS = {"rmsnorm_quant", "add_rmsnorm_quant", "rmsnorm", "add_rmsnorm", "quantize_digits",
+OPS = {"rmsnorm_quant", "add_rmsnorm_quant", "norm_add_rmsnorm_quant", "rmsnorm", "add_rmsnorm", "quantize_digits",
        "glu_quant_pair", "glu_quant2_pair", "glu_quant2_sum", "candidate_head",
        "vocab_logsumexp", "xla_copy_f32"}  # fmt: skip
 
@@ -27,13 +27,16 @@ def test_smoke_run_covers_every_op_and_forced_variant(tmp_path):
     # Forced variants at the smallest and largest M only, each its own row.
     forced = {(r["op"], r["M"]) for r in rows if r.get("kernel") in ("reg1", "cache off")}
     assert forced == {(op, m) for m in (4, 8) for op in
-                      ("rmsnorm_quant", "add_rmsnorm_quant", "glu_quant_pair",
-                       "glu_quant2_pair", "glu_quant2_sum")}  # fmt: skip
+                      ("rmsnorm_quant", "add_rmsnorm_quant", "norm_add_rmsnorm_quant",
+                       "glu_quant_pair", "glu_quant2_pair", "glu_quant2_sum")}  # fmt: skip
     heads = sorted(r["kernel"] for r in rows if r["op"] == "candidate_head")
     assert heads == ["default", "warp"]  # --head-kernels: a row per forced head kernel
     d = 512  # --smoke's D
     norm = next(r for r in rows if r["op"] == "rmsnorm_quant" and r["kernel"] == "default")
     assert norm["bytes"] == norm["M"] * d * 4 + d * 4 + norm["M"] * d + norm["M"] * 4
+    fused = next(r for r in rows if r["op"] == "norm_add_rmsnorm_quant" and r["M"] == 8)
+    x_bytes = 8 * d * 4  # reads x, residual and both gammas; writes h, codes and scales
+    assert fused["bytes"] == 2 * x_bytes + 2 * d * 4 + x_bytes + 8 * d + 8 * 4
     digits = next(r for r in rows if r["op"] == "quantize_digits")
     assert digits["bytes"] == digits["M"] * d * 4 + 2 * (digits["M"] * d + digits["M"] * 4)
     assert all(r["median_us"] > 0 and r["tbps"] > 0 for r in rows)
