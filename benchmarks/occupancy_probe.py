@@ -7,7 +7,8 @@ occupancy sections (benchmarks/occupancy_ncu.sh runs it under ncu).
 Calls, in order: rmsnorm_quant (the launcher's choice, then each PRISM_RMSNORM_KERNEL of
 --norm-kernels), add_rmsnorm_quant (the launcher's choice), norm_add_rmsnorm_quant (the same
 with the post-norm of x fused in front: the pre-norm of every 27B layer), glu_quant_pair (one
-digit), candidate_head (the launcher's choice, then PRISM_CANDIDATE_HEAD_KERNEL=warp). f32 activations, the 27B's D = 5376 and F = 21504.
+digit), candidate_head (the launcher's choice, then PRISM_CANDIDATE_HEAD_KERNEL=warp). f32
+activations, the 27B's D = 5376 and F = 21504.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def main() -> None:
     call("add_rmsnorm_quant",
          lambda x, r, g: ops.add_rmsnorm_quant(x, r, g, eps=1e-6), x, res, gamma)  # fmt: skip
     call("norm_add_rmsnorm_quant",  # with Gemma's post-norm of x fused in front (x_gamma)
-         lambda x, r, g: ops.add_rmsnorm_quant(x, r, g, eps=1e-6, x_gamma=g), x, res, gamma)  # fmt: skip
+         lambda x, r, g: ops.add_rmsnorm_quant(x, r, g, eps=1e-6, x_gamma=g),
+         x, res, gamma)  # fmt: skip
     gu = jax.random.normal(key, (args.m, 2, F), jnp.float32)
     call("glu_quant_pair", lambda gu: ops.glu_quant_pair(gu, activation="gelu_tanh"), gu)
     emb = jax.random.normal(key, (args.vocab, D), jnp.bfloat16)

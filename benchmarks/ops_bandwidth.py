@@ -101,7 +101,8 @@ def norm_ops(m: int, dt, emit, runs, normal, kernels: list[str]) -> None:
                lambda x, r: ops.add_rmsnorm_quant(x, r, gamma, eps=1e-6, weight_offset=1.0,
                                                   x_gamma=gamma),
                lambda i: (normal(i, (m, D), dt), normal(i + 1000, (m, D), dt)),
-               2 * x_bytes + 2 * D * 4, x_bytes + q_out, emit, runs, tag=kernel, **meta)  # fmt: skip
+               2 * x_bytes + 2 * D * 4, x_bytes + q_out, emit, runs, tag=kernel,
+               **meta)  # fmt: skip
         if kernel == "default":
             run_op("rmsnorm", lambda x: ops.rmsnorm(x, gamma, eps=1e-6, weight_offset=1.0),
                    lambda i: (normal(i, (m, D), dt),), x_bytes + D * 4, x_bytes, emit, runs,

@@ -9,8 +9,8 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "ops_bandwidth.py"
-OPS = {"rmsnorm_quant", "add_rmsnorm_quant", "norm_add_rmsnorm_quant", "rmsnorm", "add_rmsnorm", "quantize_digits",
-       "glu_quant_pair", "glu_quant2_pair", "glu_quant2_sum", "candidate_head",
+OPS = {"rmsnorm_quant", "add_rmsnorm_quant", "norm_add_rmsnorm_quant", "rmsnorm", "add_rmsnorm",
+       "quantize_digits", "glu_quant_pair", "glu_quant2_pair", "glu_quant2_sum", "candidate_head",
        "vocab_logsumexp", "xla_copy_f32"}  # fmt: skip
 
 
