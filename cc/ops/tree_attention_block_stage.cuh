@@ -102,7 +102,11 @@ __device__ __forceinline__ void CopyTileAsync(const float* pool, int64_t stride,
     const int idx = static_cast<int>(threadIdx.x) + u * kThreads;
     const int x = idx / kPerRow, d = (idx % kPerRow) * 4;
     const int64_t r = rows[x];
-    if (r >= 0) CopyAsync16(dst + x * S::kRow + d, pool + r * stride + kvh * kH + d);
+    if (r >= 0) {
+      CopyAsync16(dst + x * S::kRow + d, pool + r * stride + kvh * kH + d);
+    } else {  // zeros, never stale rows: the tensor-core sums weigh every key (by 0 here)
+      *reinterpret_cast<float4*>(dst + x * S::kRow + d) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
   }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -148,6 +152,7 @@ __device__ __forceinline__ void LoadTile(const KV* k_pool, const KV* v_pool, int
     for (int u = 0; u < kBatch; ++u) {
       const int idx = static_cast<int>(threadIdx.x) + (b0 + u) * kThreads;
       const int64_t r = rows[idx / kPerRow];
+      kr[u] = vr[u] = make_uint4(0u, 0u, 0u, 0u);  // absent rows stage zeros (CopyTileAsync)
       if (r >= 0) {
         const int64_t off = r * stride + kvh * kH + (idx % kPerRow) * kEl;
         kr[u] = *reinterpret_cast<const uint4*>(k_pool + off);
@@ -158,10 +163,8 @@ __device__ __forceinline__ void LoadTile(const KV* k_pool, const KV* v_pool, int
     for (int u = 0; u < kBatch; ++u) {
       const int idx = static_cast<int>(threadIdx.x) + (b0 + u) * kThreads;
       const int x = idx / kPerRow, d = (idx % kPerRow) * kEl;
-      if (rows[x] >= 0) {
-        StoreF32(kt + x * S::kRow + d, kr[u], k_pool);
-        StoreF32(vt + x * S::kRow + d, vr[u], v_pool);
-      }
+      StoreF32(kt + x * S::kRow + d, kr[u], k_pool);
+      StoreF32(vt + x * S::kRow + d, vr[u], v_pool);
     }
   }
 }

@@ -235,7 +235,7 @@ __device__ __forceinline__ int QueryTileOf(const WorkList& wl, int nb, int64_t p
 
 // Pass 1 (see the top of this file): a persistent grid over the round's work list; item
 // (pos, kvh) is query tile b's tile first[b] + i, i = pos - ends[b - 1], into slot i.
-template <typename Q, typename KV, int kH, int kPW>
+template <typename Q, typename KV, int kH, int kPW, bool kMma = false>
 __global__ void __launch_bounds__(block::kThreads, kH <= 128 ? 2 : 1)
     PartialKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
                   const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale, int32_t window,
@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(block::kThreads, kH <= 128 ? 2 : 1)
       if (j < sm.chains[ci].lo || j > sm.chains[ci].hi) continue;  // uniform (shared memory)
       block::StageTile<KV, kH, kPW>(k_pool, v_pool, dm, tb, window, kvh, j, ci, qt, sm);
       block::Partials<kH, kPW> pt;
-      block::TilePartials<kH, kPW>(sm, j, ci, window, scale, g_count, &pt);
+      block::TilePartials<kH, kPW, kMma>(sm, j, ci, window, scale, g_count, &pt);
       WritePartials<kH, kPW>(pt, dm, t0, kvh, g_count, slot_part, &done);
     }
     WriteEmpty<kH, kPW>(dm, t0, kvh, g_count, slot_part, done);
@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(lanes::kWarps * kWarpSize)
 // Query tiles beyond the rounds' coverage in a step of more than kBlockMinTokens tokens (a
 // forest or prefix whose keys lie beyond what the workspace covers): the block kernel, which is
 // what such steps took before the split existed. grid = (ceil(T / Qt), K).
-template <typename Q, typename KV, int kH, int kPW>
+template <typename Q, typename KV, int kH, int kPW, bool kMma = false>
 __global__ void __launch_bounds__(block::kThreads, kH <= 128 ? 2 : 1)
     BlockFallbackKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
                         const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale,
@@ -384,8 +384,8 @@ __global__ void __launch_bounds__(block::kThreads, kH <= 128 ? 2 : 1)
   if (!LoadSpan(table, blockIdx.x).over) return;  // uniform: the split's query tile
   extern __shared__ __align__(16) float smem[];
   __shared__ block::BlockInfo info;
-  block::AttendBlock<Q, KV, kH, kPW>(q, k_pool, v_pool, dm, tb, scale, window, blockIdx.x,
-                                     blockIdx.y, smem, info, out);
+  block::AttendBlock<Q, KV, kH, kPW, kMma>(q, k_pool, v_pool, dm, tb, scale, window,
+                                           blockIdx.x, blockIdx.y, smem, info, out);
 }
 
 // Host: the round size and count. The handler cannot read the tables, so the rounds cover a
