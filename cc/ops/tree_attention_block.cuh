@@ -19,6 +19,7 @@
 #include "cc/numerics.h"
 #include "cc/ops/tree_attention.h"
 #include "cc/ops/tree_attention_block_tile.cuh"
+#include "cc/ops/tree_attention_mma.cuh"
 
 namespace prism {
 namespace block {
@@ -53,7 +54,7 @@ __device__ __forceinline__ void AttendBlock(const Q* __restrict__ q, const KV* _
                                             int64_t b, int64_t kvh, float* smem,
                                             BlockInfo& info, Q* __restrict__ out) {
   using S = Shape<kH, kPW>;
-  const Smem sm = CarveSmem<kH, kPW>(smem);
+  const Smem sm = CarveSmem<kH, kPW, kMma>(smem);
   const int g_count = static_cast<int>(dm.n / dm.k), qt = S::kPairs / g_count;
   const int64_t t0 = b * qt;
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
@@ -73,9 +74,14 @@ __device__ __forceinline__ void AttendBlock(const Q* __restrict__ q, const KV* _
   for (int64_t j = jlo; j <= jhi; ++j) {
     for (int ci = 0; ci < nc; ++ci) {
       if (j < sm.chains[ci].lo || j > sm.chains[ci].hi) continue;  // uniform (shared memory)
-      StageTile<KV, kH, kPW>(k_pool, v_pool, dm, tb, window, kvh, j, ci, qt, sm);
+      StageTile<KV, kH, kPW, kMma>(k_pool, v_pool, dm, tb, window, kvh, j, ci, qt, sm);
       Partials<kH, kPW> pt;
-      TilePartials<kH, kPW, kMma>(sm, j, ci, window, scale, g_count, &pt);
+      if constexpr (kMma) {
+        MmaTilePartials<KV, kH, kPW>(sm, v_pool, dm.k * kH, kvh, j, ci, window, scale, g_count,
+                                     &pt);
+      } else {
+        TilePartials<kH, kPW>(sm, j, ci, window, scale, g_count, &pt);
+      }
       MergePartials<kH, kPW>(pt, st_m, st_l, st_acc);
     }
   }
@@ -94,7 +100,7 @@ __device__ __forceinline__ void AttendBlock(const Q* __restrict__ q, const KV* _
 
 // The block kernel (see the top of this file). grid = (ceil(T / Qt), K), Qt = kPairs / G.
 template <typename Q, typename KV, int kH, int kPW, bool kMma = false>
-__global__ void __launch_bounds__(kThreads, kH <= 128 ? 2 : 1)
+__global__ void __launch_bounds__(kThreads, MinBlocks<kH, kMma>())
     BlockAttendKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
                       const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale,
                       int32_t window, Q* __restrict__ out) {

@@ -169,11 +169,51 @@ __device__ __forceinline__ void LoadTile(const KV* k_pool, const KV* v_pool, int
   }
 }
 
-// Dynamic shared memory bytes of one block.
-template <int kH, int kPW>
+// One pool's tile rows (rows[x] >= 0; zeros for the others) into dst as f32, complete when the
+// caller's barrier follows: f32 pools by cp.async (waited for here unless !kWait: then the
+// caller waits before its barrier), bf16 pools converted on the way. The tensor-core path
+// stages K, then V, through one buffer with it.
+template <typename KV, int kH, int kPW, bool kWait = true>
+__device__ __forceinline__ void LoadRows(const KV* pool, int64_t stride, int64_t kvh,
+                                         const int64_t* rows, float* dst) {
+  if constexpr (std::is_same_v<KV, float>) {
+    CopyTileAsync<kH, kPW>(pool, stride, kvh, rows, dst);
+    if (kWait) asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    return;
+  }
+  using S = Shape<kH, kPW>;
+  constexpr int kEl = Raw<KV>::kEl, kPerRow = kH / kEl;
+  constexpr int kIters = kAttnTile * kPerRow / kThreads;
+  uint4 raw[kIters];
+#pragma unroll
+  for (int u = 0; u < kIters; ++u) {  // every chunk in flight before any is stored
+    const int idx = static_cast<int>(threadIdx.x) + u * kThreads;
+    const int64_t r = rows[idx / kPerRow];
+    raw[u] = r >= 0 ? *reinterpret_cast<const uint4*>(pool + r * stride + kvh * kH +
+                                                      (idx % kPerRow) * kEl)
+                    : make_uint4(0u, 0u, 0u, 0u);
+  }
+#pragma unroll
+  for (int u = 0; u < kIters; ++u) {
+    const int idx = static_cast<int>(threadIdx.x) + u * kThreads;
+    StoreF32(dst + (idx / kPerRow) * S::kRow + (idx % kPerRow) * kEl, raw[u], pool);
+  }
+}
+
+// Blocks an SM must hold (__launch_bounds__): the canonical kernels' registers and shared
+// memory fit two at H <= 128; the tensor-core path (one K/V buffer) fits three.
+template <int kH, bool kMma>
+constexpr int MinBlocks() {
+  return kH <= 128 ? (kMma ? 3 : 2) : (kMma ? 2 : 1);
+}
+
+// Dynamic shared memory bytes of one block (kOneKv: K and V share one tile buffer, the
+// tensor-core path's layout, so three blocks fit an SM at H <= 128).
+template <int kH, int kPW, bool kOneKv = false>
 constexpr size_t SmemBytes() {
   using S = Shape<kH, kPW>;
-  return S::kFloats * sizeof(float) + kAttnTile * sizeof(int64_t) +
+  const size_t floats = S::kFloats - (kOneKv ? kAttnTile * S::kRow : 0);
+  return floats * sizeof(float) + kAttnTile * sizeof(int64_t) +
          S::kPairs * (sizeof(Token) + sizeof(ChainRange));
 }
 
@@ -190,12 +230,12 @@ struct BlockInfo {
   int64_t j_lo, j_hi;  // tiles any of the block's tokens sees (j_hi < j_lo: none)
 };
 
-template <int kH, int kPW>
+template <int kH, int kPW, bool kOneKv = false>
 __device__ __forceinline__ Smem CarveSmem(float* smem) {
   using S = Shape<kH, kPW>;
   Smem sm;
   sm.kt = smem;
-  sm.vt = sm.kt + kAttnTile * S::kRow;
+  sm.vt = kOneKv ? sm.kt : sm.kt + kAttnTile * S::kRow;
   sm.qs = sm.vt + kAttnTile * S::kRow;
   sm.sc = sm.qs + S::kPairs * S::kQRow;
   sm.rows = reinterpret_cast<int64_t*>(sm.sc + S::kPairs * S::kScRow);
@@ -278,8 +318,9 @@ __device__ __forceinline__ void SetupBlock(const Q* q, const Dims& dm, const Tab
 
 // Block-wide: tile j's rows for chain ci (positions a token of that chain sees), and the K, V
 // rows staged in smem. Starts with a barrier (every warp is done with the previous tile) and
-// ends with one (the tile's K is ready; its V after WaitTileV).
-template <typename KV, int kH, int kPW>
+// ends with one (the tile's K is ready; its V after WaitTileV). kOneKv: K only (the
+// tensor-core path stages V into the same buffer after the scores).
+template <typename KV, int kH, int kPW, bool kOneKv = false>
 __device__ __forceinline__ void StageTile(const KV* k_pool, const KV* v_pool, const Dims& dm,
                                           const Tables& tb, int32_t window, int64_t kvh,
                                           int64_t j, int ci, int qt, const Smem& sm) {
@@ -296,7 +337,11 @@ __device__ __forceinline__ void StageTile(const KV* k_pool, const KV* v_pool, co
     sm.rows[tid] = seen ? r : -1;
   }
   __syncthreads();
-  LoadTile<KV, kH, kPW>(k_pool, v_pool, dm.k * kH, kvh, sm.rows, sm.kt, sm.vt);
+  if constexpr (kOneKv) {
+    LoadRows<KV, kH, kPW>(k_pool, dm.k * kH, kvh, sm.rows, sm.kt);
+  } else {
+    LoadTile<KV, kH, kPW>(k_pool, v_pool, dm.k * kH, kvh, sm.rows, sm.kt, sm.vt);
+  }
   __syncthreads();
 }
 

@@ -32,7 +32,6 @@
 #include "cc/numerics.h"
 #include "cc/ops/tree_attention.h"
 #include "cc/ops/tree_attention_block_stage.cuh"
-#include "cc/ops/tree_attention_mma.cuh"
 
 namespace prism {
 namespace block {
@@ -238,37 +237,17 @@ __device__ __forceinline__ void TileSums(const Smem& sm, const float* scw, int l
   }
 }
 
-// The pairs' lt from their weights in scw (0 for keys a pair does not see): a serial sum in
-// increasing position, AddKey's order (+0 terms change nothing: the weights are >= 0), one
-// lane per pair, then every lane gets it.
-template <int kH, int kPW>
-__device__ __forceinline__ void TileWeightSums(const float* scw, int lane,
-                                               Partials<kH, kPW>* pt) {
-  using S = Shape<kH, kPW>;
-  float mine = 0.0f;
-  if (lane < kPW) {
-    for (int x = 0; x < kAttnTile; ++x) mine = __fadd_rn(mine, scw[lane * S::kScRow + x]);
-  }
-#pragma unroll
-  for (int i = 0; i < kPW; ++i) pt->lt[i] = __shfl_sync(kFullMask, mine, i);
-}
-
 // The warp's partials of staged tile j (chain ci): see the top of this file. Block-wide (the
 // scores of a warp's pairs come from two warps, and it waits for the tile's V rows), so every
-// warp of the block calls it. kMma: the dots and value sums on tensor cores
-// (tree_attention_mma.cuh), whose bits differ from the canonical ones.
-template <int kH, int kPW, bool kMma = false>
+// warp of the block calls it.
+template <int kH, int kPW>
 __device__ __forceinline__ void TilePartials(const Smem& sm, int64_t j, int ci, int32_t window,
                                              float scale, int g_count, Partials<kH, kPW>* pt) {
   using S = Shape<kH, kPW>;
   const int tid = static_cast<int>(threadIdx.x), lane = tid % kWarpSize;
   const int warp = tid / kWarpSize;
   TileMasks<kH, kPW>(sm, j, ci, window, g_count, warp, lane, pt->mask);
-  if constexpr (kMma) {
-    MmaScores<kH, kPW>(sm, scale, warp, lane);
-  } else {
-    TileScores<kH, kPW>(sm, scale, warp, lane);
-  }
+  TileScores<kH, kPW>(sm, scale, warp, lane);
   WaitTileV();  // V rows, and every warp's scores, for the whole block
   float* scw = sm.sc + warp * kPW * S::kScRow;  // the warp's [kPW][kScRow]
 #pragma unroll
@@ -278,26 +257,11 @@ __device__ __forceinline__ void TilePartials(const Smem& sm, int64_t j, int ci, 
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int x = lane + u * kWarpSize;
-      const bool seen = (pt->mask[i] >> x) & 1u;
-      if (seen) scw[i * S::kScRow + x] = expf(__fsub_rn(s[u], pt->mt[i]));
-      if (kMma && !seen) scw[i * S::kScRow + x] = 0.0f;  // the MMA sums every key
+      if ((pt->mask[i] >> x) & 1u) scw[i * S::kScRow + x] = expf(__fsub_rn(s[u], pt->mt[i]));
     }
   }
   __syncwarp();  // publishes the warp's weights to its lanes
-  if constexpr (kMma) {
-    TileWeightSums<kH, kPW>(scw, lane, pt);
-    __syncthreads();  // every warp's weights; every warp is done with the K tile
-    MmaValues<kH, kPW>(sm, warp, lane, sm.kt);
-    __syncthreads();  // acct of every pair in the K tile's memory
-    const float* acc = sm.kt + warp * kPW * S::kRow + lane * S::kDims;
-#pragma unroll
-    for (int i = 0; i < kPW; ++i) {
-#pragma unroll
-      for (int d = 0; d < S::kDims; ++d) pt->acct[i][d] = acc[i * S::kRow + d];
-    }
-  } else {
-    TileSums<kH, kPW>(sm, scw, lane, pt);
-  }
+  TileSums<kH, kPW>(sm, scw, lane, pt);
 }
 
 }  // namespace block

@@ -81,7 +81,7 @@ ffi::Error LaunchLanes(unsigned grid, cudaStream_t stream, const Q* q, const KV*
 template <int kH, bool kMma, typename Q, typename KV>
 ffi::Error LaunchBlock(cudaStream_t stream, const Q* q, const KV* k_pool, const KV* v_pool,
                        const Dims& dm, const Tables& tb, float scale, int32_t window, Q* out) {
-  constexpr size_t kSmem = block::SmemBytes<kH, kBlockPW>();
+  constexpr size_t kSmem = block::SmemBytes<kH, kBlockPW, kMma>();
   auto* kernel = block::BlockAttendKernel<Q, KV, kH, kBlockPW, kMma>;
   static const cudaError_t attr = cudaFuncSetAttribute(  // once per instantiation
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
@@ -100,7 +100,7 @@ template <int kH, bool kMma, typename Q, typename KV>
 ffi::Error LaunchSplit(cudaStream_t stream, const Workspace& ws, const Q* q, const KV* k_pool,
                        const KV* v_pool, const Dims& dm, const Tables& tb, float scale,
                        int32_t window, Q* out) {
-  constexpr size_t kSmem = block::SmemBytes<kH, kBlockPW>();
+  constexpr size_t kSmem = block::SmemBytes<kH, kBlockPW, kMma>();
   auto* kernel = split::PartialKernel<Q, KV, kH, kBlockPW, kMma>;
   static const cudaError_t attr = cudaFuncSetAttribute(  // once per instantiation
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));

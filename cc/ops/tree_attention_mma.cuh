@@ -14,7 +14,10 @@
 // from this code or none (tree_attention_launch.cuh routes every kernel choice accordingly).
 // Warps: 8, pairs 32 (two m16 tiles). Scores: warp w takes pairs 16 (w / 4) .. + 15 and keys
 // 16 (w % 4) .. + 15 (two n8 tiles), over H / 8 k steps. Sums: warp w takes the same pairs and
-// dimensions (w % 4) H / 4 .. + H / 4 - 1, over the tile's 8 k steps of 8 keys.
+// dimensions (w % 4) H / 4 .. + H / 4 - 1, over the tile's 8 k steps of 8 keys. lt: per pair,
+// 8 lanes each add 8 keys' weights in increasing position, then a butterfly over the 8 lanes.
+// K and V pass through one shared-memory buffer (V staged after the scores), so three blocks
+// fit an SM at H <= 128, where the canonical kernels fit two.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,6 +27,7 @@
 #include "cc/cuda_common.cuh"
 #include "cc/ops/tree_attention.h"
 #include "cc/ops/tree_attention_block_stage.cuh"
+#include "cc/ops/tree_attention_block_tile.cuh"
 
 namespace prism {
 namespace block {
@@ -107,7 +111,8 @@ __device__ __forceinline__ void MmaScores(const Smem& sm, float scale, int warp,
 
 // acct [pair][d] = sum over the tile's 64 keys of e [pair][key] * V [key][d], e in sm.sc (0
 // for keys the pair does not see; V rows of keys no pair sees are zero), written to `out`
-// ([32][kRow] floats, the K tile's memory once the scores are done). Block-wide.
+// ([32][kRow] floats: V's own buffer, so a barrier separates the last read from the stores).
+// Block-wide.
 template <int kH, int kPW>
 __device__ __forceinline__ void MmaValues(const Smem& sm, int warp, int lane, float* out) {
   using S = Shape<kH, kPW>;
@@ -125,12 +130,73 @@ __device__ __forceinline__ void MmaValues(const Smem& sm, int warp, int lane, fl
       Mma3xTf32(d[u], a, SplitTf32(vp[0]), SplitTf32(vp[4 * S::kRow]));
     }
   }
+  __syncthreads();  // every warp is done reading V
 #pragma unroll
   for (int u = 0; u < kTiles; ++u) {
     const int c = c0 + 8 * u + 2 * t;
     *reinterpret_cast<float2*>(out + (m0 + g) * S::kRow + c) = make_float2(d[u][0], d[u][1]);
     *reinterpret_cast<float2*>(out + (m0 + g + 8) * S::kRow + c) =
         make_float2(d[u][2], d[u][3]);
+  }
+}
+
+// The warp's pairs' lt from their weights in scw (0 for keys a pair does not see): lane l adds
+// pair l / 8's keys 8 (l % 8) .. + 7 in increasing position, then lanes 8 apart combine by a
+// butterfly (offsets 4, 2, 1); every lane then gets each pair's sum.
+template <int kH, int kPW>
+__device__ __forceinline__ void MmaWeightSums(const float* scw, int lane, Partials<kH, kPW>* pt) {
+  using S = Shape<kH, kPW>;
+  static_assert(kPW * 8 == kWarpSize, "lt: 8 lanes a pair");
+  const float4* w = reinterpret_cast<const float4*>(scw + (lane / 8) * S::kScRow + (lane % 8) * 8);
+  const float4 a = w[0], b = w[1];
+  const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  float sum = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) sum = __fadd_rn(sum, x[k]);
+#pragma unroll
+  for (int off = 4; off > 0; off /= 2) sum = __fadd_rn(sum, __shfl_xor_sync(kFullMask, sum, off));
+#pragma unroll
+  for (int i = 0; i < kPW; ++i) pt->lt[i] = __shfl_sync(kFullMask, sum, i * 8);
+}
+
+// The tensor-core counterpart of TilePartials (tree_attention_block_tile.cuh): the warp's
+// partials of tile j (chain ci), whose K rows StageTile<..., kOneKv = true> staged; V goes
+// through the same buffer here. Block-wide: every warp calls it.
+template <typename KV, int kH, int kPW>
+__device__ __forceinline__ void MmaTilePartials(const Smem& sm, const KV* v_pool, int64_t stride,
+                                                int64_t kvh, int64_t j, int ci, int32_t window,
+                                                float scale, int g_count,
+                                                Partials<kH, kPW>* pt) {
+  using S = Shape<kH, kPW>;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % kWarpSize;
+  const int warp = tid / kWarpSize;
+  TileMasks<kH, kPW>(sm, j, ci, window, g_count, warp, lane, pt->mask);
+  MmaScores<kH, kPW>(sm, scale, warp, lane);
+  __syncthreads();  // every warp's scores; every warp is done with K
+  LoadRows<KV, kH, kPW, false>(v_pool, stride, kvh, sm.rows, sm.vt);  // lands during the softmax
+  float* scw = sm.sc + warp * kPW * S::kScRow;  // the warp's [kPW][kScRow]
+#pragma unroll
+  for (int i = 0; i < kPW; ++i) {
+    const float s[2] = {scw[i * S::kScRow + lane], scw[i * S::kScRow + lane + kWarpSize]};
+    pt->mt[i] = TileMax(pt->mask[i], s, lane);
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {  // every key gets a weight: the MMA sums all 64
+      const int x = lane + u * kWarpSize;
+      const bool seen = (pt->mask[i] >> x) & 1u;
+      scw[i * S::kScRow + x] = seen ? expf(__fsub_rn(s[u], pt->mt[i])) : 0.0f;
+    }
+  }
+  __syncwarp();  // publishes the warp's weights to its lanes
+  MmaWeightSums<kH, kPW>(scw, lane, pt);
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  __syncthreads();  // every warp's weights and the V rows
+  MmaValues<kH, kPW>(sm, warp, lane, sm.vt);
+  __syncthreads();  // acct of every pair in V's buffer
+  const float* acc = sm.vt + warp * kPW * S::kRow + lane * S::kDims;
+#pragma unroll
+  for (int i = 0; i < kPW; ++i) {
+#pragma unroll
+    for (int d = 0; d < S::kDims; ++d) pt->acct[i][d] = acc[i * S::kRow + d];
   }
 }
 
