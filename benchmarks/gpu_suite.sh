@@ -28,9 +28,7 @@
 #                                 one ending in -b8 (one-b8) runs with
 #                                 PRISM_TREE_ATTENTION_MERGE_BATCH=8 (8 records in every step),
 #                                 one ending in -lean<n> or -reg<n> (one-reg4) with that
-#                                 PRISM_RMSNORM_KERNEL (the norms' split kernel forced),
-#                                 one ending in -tc (one-tc) with
-#                                 PRISM_TREE_ATTENTION_DOTS=tf32x3 (attention on tensor cores)
+#                                 PRISM_RMSNORM_KERNEL (the norms' split kernel forced)
 #   ATTN_BENCH=1                  then run benchmarks/attention_bench.py (tree_attention vs the
 #                                 run's ceilings and XLA; $OUT/attention.jsonl, attention.md),
 #                                 extra arguments in ATTN_ARGS (e.g. "--dtypes f32"), interrupted
@@ -119,14 +117,12 @@ if [ "${E2E:-0}" != 0 ]; then
     if [ "$digits" != default ]; then dir=$OUT/e2e_$digits; mkdir -p "$dir"; fi
     case "$digits" in one*) extra=--single-digit ;; esac
     case "$digits" in *-attn) extra="$extra --attention digits" ;; esac
-    batch="" norm="" dots=""
+    batch="" norm=""
     case "$digits" in *-b8) batch=8 ;; esac
-    case "$digits" in *-tc) dots=tf32x3 ;; esac
     case "$digits" in *-lean[248] | *-reg[1248]) norm=${digits##*-} ;; esac
     # Both 27B models (int8 28-56 GB, bf16 ~54 GB) and the KV pool live on the card at once.
     # shellcheck disable=SC2086 (E2E_ARGS is a list of arguments)
     PRISM_TREE_ATTENTION_MERGE_BATCH=$batch PRISM_RMSNORM_KERNEL=$norm \
-      PRISM_TREE_ATTENTION_DOTS=$dots \
       XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 \
       timeout -s INT "${E2E_TIMEOUT:-560}" \
       $PY benchmarks/e2e_decide.py --preset gemma3-27b --out "$dir" ${E2E_ARGS:-} $extra 2>&1 |

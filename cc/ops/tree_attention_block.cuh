@@ -19,7 +19,6 @@
 #include "cc/numerics.h"
 #include "cc/ops/tree_attention.h"
 #include "cc/ops/tree_attention_block_tile.cuh"
-#include "cc/ops/tree_attention_mma.cuh"
 
 namespace prism {
 namespace block {
@@ -47,14 +46,14 @@ __device__ __forceinline__ void MergePartials(const Partials<kH, kPW>& pt, float
 
 // Block-wide: out for the pairs of query tile b (tokens [b * Qt, (b + 1) * Qt)) and kv head
 // kvh, every tile in order (see the top of this file). smem: SmemBytes() of dynamic memory.
-template <typename Q, typename KV, int kH, int kPW, bool kMma = false>
+template <typename Q, typename KV, int kH, int kPW>
 __device__ __forceinline__ void AttendBlock(const Q* __restrict__ q, const KV* __restrict__ k_pool,
                                             const KV* __restrict__ v_pool, const Dims& dm,
                                             const Tables& tb, float scale, int32_t window,
                                             int64_t b, int64_t kvh, float* smem,
                                             BlockInfo& info, Q* __restrict__ out) {
   using S = Shape<kH, kPW>;
-  const Smem sm = CarveSmem<kH, kPW, kMma>(smem);
+  const Smem sm = CarveSmem<kH, kPW>(smem);
   const int g_count = static_cast<int>(dm.n / dm.k), qt = S::kPairs / g_count;
   const int64_t t0 = b * qt;
   const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
@@ -74,14 +73,9 @@ __device__ __forceinline__ void AttendBlock(const Q* __restrict__ q, const KV* _
   for (int64_t j = jlo; j <= jhi; ++j) {
     for (int ci = 0; ci < nc; ++ci) {
       if (j < sm.chains[ci].lo || j > sm.chains[ci].hi) continue;  // uniform (shared memory)
-      StageTile<KV, kH, kPW, kMma>(k_pool, v_pool, dm, tb, window, kvh, j, ci, qt, sm);
+      StageTile<KV, kH, kPW>(k_pool, v_pool, dm, tb, window, kvh, j, ci, qt, sm);
       Partials<kH, kPW> pt;
-      if constexpr (kMma) {
-        MmaTilePartials<KV, kH, kPW>(sm, v_pool, dm.k * kH, kvh, j, ci, window, scale, g_count,
-                                     &pt);
-      } else {
-        TilePartials<kH, kPW>(sm, j, ci, window, scale, g_count, &pt);
-      }
+      TilePartials<kH, kPW>(sm, j, ci, window, scale, g_count, &pt);
       MergePartials<kH, kPW>(pt, st_m, st_l, st_acc);
     }
   }
@@ -99,15 +93,15 @@ __device__ __forceinline__ void AttendBlock(const Q* __restrict__ q, const KV* _
 }
 
 // The block kernel (see the top of this file). grid = (ceil(T / Qt), K), Qt = kPairs / G.
-template <typename Q, typename KV, int kH, int kPW, bool kMma = false>
-__global__ void __launch_bounds__(kThreads, MinBlocks<kH, kMma>())
+template <typename Q, typename KV, int kH, int kPW>
+__global__ void __launch_bounds__(kThreads, kH <= 128 ? 2 : 1)
     BlockAttendKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
                       const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale,
                       int32_t window, Q* __restrict__ out) {
   extern __shared__ __align__(16) float smem[];
   __shared__ BlockInfo info;
-  AttendBlock<Q, KV, kH, kPW, kMma>(q, k_pool, v_pool, dm, tb, scale, window, blockIdx.x,
-                                    blockIdx.y, smem, info, out);
+  AttendBlock<Q, KV, kH, kPW>(q, k_pool, v_pool, dm, tb, scale, window, blockIdx.x, blockIdx.y,
+                              smem, info, out);
 }
 
 }  // namespace block

@@ -102,11 +102,7 @@ __device__ __forceinline__ void CopyTileAsync(const float* pool, int64_t stride,
     const int idx = static_cast<int>(threadIdx.x) + u * kThreads;
     const int x = idx / kPerRow, d = (idx % kPerRow) * 4;
     const int64_t r = rows[x];
-    if (r >= 0) {
-      CopyAsync16(dst + x * S::kRow + d, pool + r * stride + kvh * kH + d);
-    } else {  // zeros, never stale rows: the tensor-core sums weigh every key (by 0 here)
-      *reinterpret_cast<float4*>(dst + x * S::kRow + d) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+    if (r >= 0) CopyAsync16(dst + x * S::kRow + d, pool + r * stride + kvh * kH + d);
   }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -152,7 +148,6 @@ __device__ __forceinline__ void LoadTile(const KV* k_pool, const KV* v_pool, int
     for (int u = 0; u < kBatch; ++u) {
       const int idx = static_cast<int>(threadIdx.x) + (b0 + u) * kThreads;
       const int64_t r = rows[idx / kPerRow];
-      kr[u] = vr[u] = make_uint4(0u, 0u, 0u, 0u);  // absent rows stage zeros (CopyTileAsync)
       if (r >= 0) {
         const int64_t off = r * stride + kvh * kH + (idx % kPerRow) * kEl;
         kr[u] = *reinterpret_cast<const uint4*>(k_pool + off);
@@ -163,57 +158,19 @@ __device__ __forceinline__ void LoadTile(const KV* k_pool, const KV* v_pool, int
     for (int u = 0; u < kBatch; ++u) {
       const int idx = static_cast<int>(threadIdx.x) + (b0 + u) * kThreads;
       const int x = idx / kPerRow, d = (idx % kPerRow) * kEl;
-      StoreF32(kt + x * S::kRow + d, kr[u], k_pool);
-      StoreF32(vt + x * S::kRow + d, vr[u], v_pool);
+      if (rows[x] >= 0) {
+        StoreF32(kt + x * S::kRow + d, kr[u], k_pool);
+        StoreF32(vt + x * S::kRow + d, vr[u], v_pool);
+      }
     }
   }
 }
 
-// One pool's tile rows (rows[x] >= 0; zeros for the others) into dst as f32, complete when the
-// caller's barrier follows: f32 pools by cp.async (waited for here unless !kWait: then the
-// caller waits before its barrier), bf16 pools converted on the way. The tensor-core path
-// stages K, then V, through one buffer with it.
-template <typename KV, int kH, int kPW, bool kWait = true>
-__device__ __forceinline__ void LoadRows(const KV* pool, int64_t stride, int64_t kvh,
-                                         const int64_t* rows, float* dst) {
-  if constexpr (std::is_same_v<KV, float>) {
-    CopyTileAsync<kH, kPW>(pool, stride, kvh, rows, dst);
-    if (kWait) asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    return;
-  }
-  using S = Shape<kH, kPW>;
-  constexpr int kEl = Raw<KV>::kEl, kPerRow = kH / kEl;
-  constexpr int kIters = kAttnTile * kPerRow / kThreads;
-  uint4 raw[kIters];
-#pragma unroll
-  for (int u = 0; u < kIters; ++u) {  // every chunk in flight before any is stored
-    const int idx = static_cast<int>(threadIdx.x) + u * kThreads;
-    const int64_t r = rows[idx / kPerRow];
-    raw[u] = r >= 0 ? *reinterpret_cast<const uint4*>(pool + r * stride + kvh * kH +
-                                                      (idx % kPerRow) * kEl)
-                    : make_uint4(0u, 0u, 0u, 0u);
-  }
-#pragma unroll
-  for (int u = 0; u < kIters; ++u) {
-    const int idx = static_cast<int>(threadIdx.x) + u * kThreads;
-    StoreF32(dst + (idx / kPerRow) * S::kRow + (idx % kPerRow) * kEl, raw[u], pool);
-  }
-}
-
-// Blocks an SM must hold (__launch_bounds__): the canonical kernels' registers and shared
-// memory fit two at H <= 128; the tensor-core path (one K/V buffer) fits three.
-template <int kH, bool kMma>
-constexpr int MinBlocks() {
-  return kH <= 128 ? (kMma ? 3 : 2) : (kMma ? 2 : 1);
-}
-
-// Dynamic shared memory bytes of one block (kOneKv: K and V share one tile buffer, the
-// tensor-core path's layout, so three blocks fit an SM at H <= 128).
-template <int kH, int kPW, bool kOneKv = false>
+// Dynamic shared memory bytes of one block.
+template <int kH, int kPW>
 constexpr size_t SmemBytes() {
   using S = Shape<kH, kPW>;
-  const size_t floats = S::kFloats - (kOneKv ? kAttnTile * S::kRow : 0);
-  return floats * sizeof(float) + kAttnTile * sizeof(int64_t) +
+  return S::kFloats * sizeof(float) + kAttnTile * sizeof(int64_t) +
          S::kPairs * (sizeof(Token) + sizeof(ChainRange));
 }
 
@@ -230,12 +187,12 @@ struct BlockInfo {
   int64_t j_lo, j_hi;  // tiles any of the block's tokens sees (j_hi < j_lo: none)
 };
 
-template <int kH, int kPW, bool kOneKv = false>
+template <int kH, int kPW>
 __device__ __forceinline__ Smem CarveSmem(float* smem) {
   using S = Shape<kH, kPW>;
   Smem sm;
   sm.kt = smem;
-  sm.vt = kOneKv ? sm.kt : sm.kt + kAttnTile * S::kRow;
+  sm.vt = sm.kt + kAttnTile * S::kRow;
   sm.qs = sm.vt + kAttnTile * S::kRow;
   sm.sc = sm.qs + S::kPairs * S::kQRow;
   sm.rows = reinterpret_cast<int64_t*>(sm.sc + S::kPairs * S::kScRow);
@@ -318,9 +275,8 @@ __device__ __forceinline__ void SetupBlock(const Q* q, const Dims& dm, const Tab
 
 // Block-wide: tile j's rows for chain ci (positions a token of that chain sees), and the K, V
 // rows staged in smem. Starts with a barrier (every warp is done with the previous tile) and
-// ends with one (the tile's K is ready; its V after WaitTileV). kOneKv: K only (the
-// tensor-core path stages V into the same buffer after the scores).
-template <typename KV, int kH, int kPW, bool kOneKv = false>
+// ends with one (the tile's K is ready; its V after WaitTileV).
+template <typename KV, int kH, int kPW>
 __device__ __forceinline__ void StageTile(const KV* k_pool, const KV* v_pool, const Dims& dm,
                                           const Tables& tb, int32_t window, int64_t kvh,
                                           int64_t j, int ci, int qt, const Smem& sm) {
@@ -337,11 +293,7 @@ __device__ __forceinline__ void StageTile(const KV* k_pool, const KV* v_pool, co
     sm.rows[tid] = seen ? r : -1;
   }
   __syncthreads();
-  if constexpr (kOneKv) {
-    LoadRows<KV, kH, kPW>(k_pool, dm.k * kH, kvh, sm.rows, sm.kt);
-  } else {
-    LoadTile<KV, kH, kPW>(k_pool, v_pool, dm.k * kH, kvh, sm.rows, sm.kt, sm.vt);
-  }
+  LoadTile<KV, kH, kPW>(k_pool, v_pool, dm.k * kH, kvh, sm.rows, sm.kt, sm.vt);
   __syncthreads();
 }
 

@@ -224,7 +224,7 @@ using launch::LaunchSplit;
 // blocks walk 1 to T / 64 tiles each (causal), so the SMs holding the last query tiles finish
 // long after the rest; the split spreads the tiles evenly.
 
-Kernel ChooseKernel(const Dims& dm, bool mma) {
+Kernel ChooseKernel(const Dims& dm) {
   const bool fast_h = dm.h == 64 || dm.h == 128 || dm.h == 256;
   const int64_t pairs = block::kWarps * kBlockPW;
   const bool block_ok = fast_h && dm.g() <= pairs && pairs % dm.g() == 0 &&
@@ -236,8 +236,6 @@ Kernel ChooseKernel(const Dims& dm, bool mma) {
   if (k == Kernel::kSplit && block_ok && !split_ok) k = Kernel::kBlock;
   if ((k == Kernel::kBlock || k == Kernel::kSplit) && !block_ok) k = Kernel::kLanes;
   if (k == Kernel::kLanes && !fast_h) k = Kernel::kWarp;
-  // Tensor-core dots live in the block machinery only: the lanes and warp kernels' bits differ.
-  if (mma && (k == Kernel::kLanes || k == Kernel::kWarp)) k = block_ok ? Kernel::kBlock : k;
   return k;
 }
 
@@ -262,30 +260,24 @@ ffi::Error Launch(cudaStream_t stream, const Workspace& ws, const Q* q, const KV
   PRISM_REQUIRE(blocks <= 0x7fffffff, "prism_tree_attention: T * N too large for one grid");
   const unsigned grid = static_cast<unsigned>(blocks);
   static_assert(lanes::kWarps == kAttnWarps, "warp and lanes kernels use the same grid");
-  bool mma = false;
-  if (auto e = launch::TensorDots(&mma); e.failure()) return e;
-  const Kernel kernel = ChooseKernel(dm, mma);
-  PRISM_REQUIRE(!mma || kernel == Kernel::kBlock || kernel == Kernel::kSplit,
-                "prism_tree_attention: PRISM_TREE_ATTENTION_DOTS=tf32x3 needs H in {64, 128, "
-                "256} and G dividing 32; unset it for this model");
-  // tree_attention_block.cuh (K/V shared in smem) or tree_attention_split.cuh (parallel over
-  // tiles): the same bits for the same dots.
-  auto block_or_split = [&](auto h, auto tensor) {
-    constexpr int kH = decltype(h)::value;
-    constexpr bool kMma = decltype(tensor)::value;
-    if (kernel == Kernel::kBlock) {
-      return LaunchBlock<kH, kMma>(stream, q, k_pool, v_pool, dm, tb, scale, window, out);
-    }
-    return LaunchSplit<kH, kMma>(stream, ws, q, k_pool, v_pool, dm, tb, scale, window, out);
-  };
-  auto by_dots = [&](auto h) {
-    return mma ? block_or_split(h, std::true_type{}) : block_or_split(h, std::false_type{});
-  };
-  if (kernel == Kernel::kBlock || kernel == Kernel::kSplit) {
+  const Kernel kernel = ChooseKernel(dm);
+  if (kernel == Kernel::kBlock) {  // tree_attention_block.cuh: same bits, K/V shared in smem
     switch (dm.h) {
-      case 64: return by_dots(std::integral_constant<int, 64>{});
-      case 128: return by_dots(std::integral_constant<int, 128>{});
-      case 256: return by_dots(std::integral_constant<int, 256>{});
+      case 64: return LaunchBlock<64>(stream, q, k_pool, v_pool, dm, tb, scale, window, out);
+      case 128: return LaunchBlock<128>(stream, q, k_pool, v_pool, dm, tb, scale, window, out);
+      case 256: return LaunchBlock<256>(stream, q, k_pool, v_pool, dm, tb, scale, window, out);
+      default: break;
+    }
+  }
+  if (kernel == Kernel::kSplit) {  // tree_attention_split.cuh: same bits, parallel over tiles
+    auto split = [&](auto h) {
+      return LaunchSplit<decltype(h)::value>(stream, ws, q, k_pool, v_pool, dm, tb, scale,
+                                             window, out);
+    };
+    switch (dm.h) {
+      case 64: return split(std::integral_constant<int, 64>{});
+      case 128: return split(std::integral_constant<int, 128>{});
+      case 256: return split(std::integral_constant<int, 256>{});
       default: break;
     }
   }

@@ -31,19 +31,6 @@ inline Kernel ForcedKernel() {
        : s == "block" ? Kernel::kBlock : s == "split" ? Kernel::kSplit : Kernel::kAuto;
 }
 
-// The tiles' dots and value sums (PRISM_TREE_ATTENTION_DOTS): fma, the canonical order on CUDA
-// cores (every kernel); tf32x3, tensor cores (tree_attention_mma.cuh: block-machinery kernels
-// only, so a step under it never takes the lanes or warp kernel). Anything else is an error.
-inline ffi::Error TensorDots(bool* mma) {
-  const char* name = std::getenv("PRISM_TREE_ATTENTION_DOTS");
-  const std::string s = name == nullptr ? "" : name;
-  PRISM_REQUIRE(s.empty() || s == "fma" || s == "tf32x3",
-                "prism_tree_attention: PRISM_TREE_ATTENTION_DOTS must be fma or tf32x3 (or "
-                "unset), not '" + s + "'");
-  *mma = s == "tf32x3";
-  return ffi::Error::Success();
-}
-
 // Records a merge warp keeps in flight (split::kMergeBatch*): steps of more than
 // kBlockMinTokens tokens (a prompt, a forest: many pairs, short spans) take the short batch,
 // smaller steps (a follow-up question, decode: few pairs, long spans) the long one.
@@ -78,11 +65,11 @@ ffi::Error LaunchLanes(unsigned grid, cudaStream_t stream, const Q* q, const KV*
   return LaunchStatus("prism_tree_attention");
 }
 
-template <int kH, bool kMma, typename Q, typename KV>
+template <int kH, typename Q, typename KV>
 ffi::Error LaunchBlock(cudaStream_t stream, const Q* q, const KV* k_pool, const KV* v_pool,
                        const Dims& dm, const Tables& tb, float scale, int32_t window, Q* out) {
-  constexpr size_t kSmem = block::SmemBytes<kH, kBlockPW, kMma>();
-  auto* kernel = block::BlockAttendKernel<Q, KV, kH, kBlockPW, kMma>;
+  constexpr size_t kSmem = block::SmemBytes<kH, kBlockPW>();
+  auto* kernel = block::BlockAttendKernel<Q, KV, kH, kBlockPW>;
   static const cudaError_t attr = cudaFuncSetAttribute(  // once per instantiation
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   PRISM_REQUIRE(attr == cudaSuccess, "prism_tree_attention: block kernel shared memory refused");
@@ -94,14 +81,13 @@ ffi::Error LaunchBlock(cudaStream_t stream, const Q* q, const KV* k_pool, const 
 
 // The split kernel's rounds (tree_attention_split.cuh): pass 1 then pass 2 per round, then the
 // fallback for blocks beyond the rounds' coverage. A workspace too small for one round: lanes
-// (an error when PRISM_TREE_ATTENTION_KERNEL=split asked for the split kernel). Tensor-core
-// dots (kMma) take the block kernel wherever the canonical dots take the lanes warp.
-template <int kH, bool kMma, typename Q, typename KV>
+// (an error when PRISM_TREE_ATTENTION_KERNEL=split asked for the split kernel).
+template <int kH, typename Q, typename KV>
 ffi::Error LaunchSplit(cudaStream_t stream, const Workspace& ws, const Q* q, const KV* k_pool,
                        const KV* v_pool, const Dims& dm, const Tables& tb, float scale,
                        int32_t window, Q* out) {
-  constexpr size_t kSmem = block::SmemBytes<kH, kBlockPW, kMma>();
-  auto* kernel = split::PartialKernel<Q, KV, kH, kBlockPW, kMma>;
+  constexpr size_t kSmem = block::SmemBytes<kH, kBlockPW>();
+  auto* kernel = split::PartialKernel<Q, KV, kH, kBlockPW>;
   static const cudaError_t attr = cudaFuncSetAttribute(  // once per instantiation
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   PRISM_REQUIRE(attr == cudaSuccess, "prism_tree_attention: split kernel shared memory refused");
@@ -113,9 +99,7 @@ ffi::Error LaunchSplit(cudaStream_t stream, const Workspace& ws, const Q* q, con
     PRISM_REQUIRE(ForcedKernel() != Kernel::kSplit,
                   "prism_tree_attention: PRISM_TREE_ATTENTION_KERNEL=split, but the workspace "
                   "holds no round (call it through prism_jax.ops.tree_attention)");
-    if (big || kMma) {
-      return LaunchBlock<kH, kMma>(stream, q, k_pool, v_pool, dm, tb, scale, window, out);
-    }
+    if (big) return LaunchBlock<kH>(stream, q, k_pool, v_pool, dm, tb, scale, window, out);
     return LaunchLanes<kH>(warps, stream, q, k_pool, v_pool, dm, tb, scale, window, out);
   }
   // Persistent pass 1: as many blocks as fit on the GPU at once, never more than work items.
@@ -139,8 +123,8 @@ ffi::Error LaunchSplit(cudaStream_t stream, const Workspace& ws, const Q* q, con
     merge<<<warps, split::kMergeWarps * kWarpSize, 0, stream>>>(
         dm, qt, rd, r == 0, r + 1 == plan.rounds, plan.part, plan.table, plan.state, out);
   }
-  if (big || kMma) {
-    auto* fallback = split::BlockFallbackKernel<Q, KV, kH, kBlockPW, kMma>;
+  if (big) {
+    auto* fallback = split::BlockFallbackKernel<Q, KV, kH, kBlockPW>;
     static const cudaError_t fattr = cudaFuncSetAttribute(  // once per instantiation
         fallback, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
     PRISM_REQUIRE(fattr == cudaSuccess, "prism_tree_attention: fallback shared memory refused");

@@ -38,7 +38,6 @@
 #include "cc/ops/tree_attention_block.cuh"
 #include "cc/ops/tree_attention_block_tile.cuh"
 #include "cc/ops/tree_attention_lanes.cuh"
-#include "cc/ops/tree_attention_mma.cuh"
 
 namespace prism {
 namespace split {
@@ -74,31 +73,18 @@ struct Round {
 struct Span {
   int64_t lo, hi, runs;
 };
-// Tokens are read kSpanLoads at a time, all loads in flight before any is used: every block
-// of pass 1 runs this for every query tile first, so its latency is on every block's path.
-constexpr int kSpanLoads = 8;
 __device__ __forceinline__ Span BlockSpan(const Dims& dm, const Tables& tb, int32_t window,
                                           int64_t t0, int qt) {
   Span sp{0, -1, 0};
   int64_t last_chain = -1;
-  for (int i0 = 0; i0 < qt; i0 += kSpanLoads) {
-    int32_t pos[kSpanLoads], chain[kSpanLoads];
-#pragma unroll
-    for (int u = 0; u < kSpanLoads; ++u) {  // past the tile or the step: padding
-      const int64_t t = t0 + i0 + u;
-      const bool in = i0 + u < qt && t < dm.t;
-      pos[u] = in ? tb.positions[t] : -1;
-      chain[u] = in ? tb.chain_of[t] : -1;
-    }
-#pragma unroll
-    for (int u = 0; u < kSpanLoads; ++u) {
-      if (pos[u] < 0 || chain[u] < 0 || chain[u] >= dm.c) continue;
-      const int64_t a = FirstTile(pos[u], window), b = LastTile(pos[u]);
-      sp.lo = sp.hi < sp.lo ? a : (a < sp.lo ? a : sp.lo);
-      sp.hi = b > sp.hi ? b : sp.hi;
-      sp.runs += chain[u] != last_chain;
-      last_chain = chain[u];
-    }
+  for (int i = 0; i < qt && t0 + i < dm.t; ++i) {
+    const int64_t pos = tb.positions[t0 + i], chain = tb.chain_of[t0 + i];
+    if (pos < 0 || chain < 0 || chain >= dm.c) continue;
+    const int64_t a = FirstTile(pos, window), b = LastTile(pos);
+    sp.lo = sp.hi < sp.lo ? a : (a < sp.lo ? a : sp.lo);
+    sp.hi = b > sp.hi ? b : sp.hi;
+    sp.runs += chain != last_chain;
+    last_chain = chain;
   }
   return sp;
 }
@@ -249,8 +235,8 @@ __device__ __forceinline__ int QueryTileOf(const WorkList& wl, int nb, int64_t p
 
 // Pass 1 (see the top of this file): a persistent grid over the round's work list; item
 // (pos, kvh) is query tile b's tile first[b] + i, i = pos - ends[b - 1], into slot i.
-template <typename Q, typename KV, int kH, int kPW, bool kMma = false>
-__global__ void __launch_bounds__(block::kThreads, block::MinBlocks<kH, kMma>())
+template <typename Q, typename KV, int kH, int kPW>
+__global__ void __launch_bounds__(block::kThreads, kH <= 128 ? 2 : 1)
     PartialKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
                   const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale, int32_t window,
                   Round rd, float* __restrict__ part, int32_t* __restrict__ table) {
@@ -273,7 +259,7 @@ __global__ void __launch_bounds__(block::kThreads, block::MinBlocks<kH, kMma>())
   const int64_t bid = blockIdx.x;
   const int64_t first = bid * base + (bid < extra ? bid : extra);
   const int64_t last = first + base + (bid < extra ? 1 : 0);
-  const block::Smem sm = block::CarveSmem<kH, kPW, kMma>(smem);
+  const block::Smem sm = block::CarveSmem<kH, kPW>(smem);
   int64_t set_b = -1, set_kvh = -1;  // the (query tile, kv head) smem holds
   for (int64_t item = first; item < last; ++item) {  // uniform
     const int64_t kvh = item / npos, pos = item % npos;
@@ -290,14 +276,9 @@ __global__ void __launch_bounds__(block::kThreads, block::MinBlocks<kH, kMma>())
     const int nc = info.n_chains;
     for (int ci = 0; ci < nc; ++ci) {
       if (j < sm.chains[ci].lo || j > sm.chains[ci].hi) continue;  // uniform (shared memory)
-      block::StageTile<KV, kH, kPW, kMma>(k_pool, v_pool, dm, tb, window, kvh, j, ci, qt, sm);
+      block::StageTile<KV, kH, kPW>(k_pool, v_pool, dm, tb, window, kvh, j, ci, qt, sm);
       block::Partials<kH, kPW> pt;
-      if constexpr (kMma) {
-        block::MmaTilePartials<KV, kH, kPW>(sm, v_pool, dm.k * kH, kvh, j, ci, window, scale,
-                                            g_count, &pt);
-      } else {
-        block::TilePartials<kH, kPW>(sm, j, ci, window, scale, g_count, &pt);
-      }
+      block::TilePartials<kH, kPW>(sm, j, ci, window, scale, g_count, &pt);
       WritePartials<kH, kPW>(pt, dm, t0, kvh, g_count, slot_part, &done);
     }
     WriteEmpty<kH, kPW>(dm, t0, kvh, g_count, slot_part, done);
@@ -394,8 +375,8 @@ __global__ void __launch_bounds__(lanes::kWarps * kWarpSize)
 // Query tiles beyond the rounds' coverage in a step of more than kBlockMinTokens tokens (a
 // forest or prefix whose keys lie beyond what the workspace covers): the block kernel, which is
 // what such steps took before the split existed. grid = (ceil(T / Qt), K).
-template <typename Q, typename KV, int kH, int kPW, bool kMma = false>
-__global__ void __launch_bounds__(block::kThreads, block::MinBlocks<kH, kMma>())
+template <typename Q, typename KV, int kH, int kPW>
+__global__ void __launch_bounds__(block::kThreads, kH <= 128 ? 2 : 1)
     BlockFallbackKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
                         const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale,
                         int32_t window, const int32_t* __restrict__ table,
@@ -403,8 +384,8 @@ __global__ void __launch_bounds__(block::kThreads, block::MinBlocks<kH, kMma>())
   if (!LoadSpan(table, blockIdx.x).over) return;  // uniform: the split's query tile
   extern __shared__ __align__(16) float smem[];
   __shared__ block::BlockInfo info;
-  block::AttendBlock<Q, KV, kH, kPW, kMma>(q, k_pool, v_pool, dm, tb, scale, window,
-                                           blockIdx.x, blockIdx.y, smem, info, out);
+  block::AttendBlock<Q, KV, kH, kPW>(q, k_pool, v_pool, dm, tb, scale, window, blockIdx.x,
+                                     blockIdx.y, smem, info, out);
 }
 
 // Host: the round size and count. The handler cannot read the tables, so the rounds cover a
