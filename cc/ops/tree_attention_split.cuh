@@ -39,21 +39,8 @@
 #include "cc/ops/tree_attention_block_tile.cuh"
 #include "cc/ops/tree_attention_lanes.cuh"
 
-#ifdef PRISM_ATTN_CLOCKS
-#include <cstdio>
-#endif
-
 namespace prism {
 namespace split {
-
-#ifdef PRISM_ATTN_CLOCKS  // temporary probe: where pass 1's time goes, per block
-__device__ int g_clock_prints = 0;
-__device__ __forceinline__ unsigned long long GlobalNs() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-#endif
 
 constexpr int kTail = 4;  // record floats after acc: m, l, seen, padding (16-byte records)
 constexpr int kMergeWarps = 4;
@@ -259,16 +246,7 @@ __global__ void __launch_bounds__(block::kThreads, kH <= 128 ? 2 : 1)
   __shared__ WorkList wl;
   const int g_count = static_cast<int>(dm.n / dm.k), qt = S::kPairs / g_count;
   const int nb = static_cast<int>((dm.t + qt - 1) / qt);
-#ifdef PRISM_ATTN_CLOCKS
-  const unsigned long long g_start = GlobalNs();
-  const long long c_start = clock64();
-  long long c_setup = 0, c_stage = 0, c_tile = 0, c_write = 0;
-  int n_items = 0, n_setups = 0, n_tiles = 0;
-#endif
   BuildWorkList(dm, tb, window, qt, nb, rd, &wl, blockIdx.x == 0 ? table : nullptr);
-#ifdef PRISM_ATTN_CLOCKS
-  const long long c_list = clock64() - c_start;
-#endif
   const int64_t npos = wl.ends[nb - 1], items = npos * dm.k;
   // Each block takes a contiguous run of items, numbered kv-head-major, so consecutive items
   // mostly share (b, kvh) and the block sets up q and the chains once per run, not per tile.
@@ -288,58 +266,23 @@ __global__ void __launch_bounds__(block::kThreads, kH <= 128 ? 2 : 1)
     const int b = QueryTileOf(wl, nb, pos);
     const int64_t i = pos - (b > 0 ? wl.ends[b - 1] : 0), j = wl.first[b] + i;
     const int64_t t0 = static_cast<int64_t>(b) * qt;
-#ifdef PRISM_ATTN_CLOCKS
-    ++n_items;
-    long long c_a = clock64();
-#endif
     if (b != set_b || kvh != set_kvh) {
       __syncthreads();  // every warp is done with the previous item's shared memory and info
       block::SetupBlock<Q, kH, kPW>(q, dm, tb, window, t0, kvh, sm, &info);
       set_b = b, set_kvh = kvh;
-#ifdef PRISM_ATTN_CLOCKS
-      ++n_setups;
-#endif
     }
-#ifdef PRISM_ATTN_CLOCKS
-    c_setup += clock64() - c_a;
-#endif
     float* slot_part = part + i * dm.t * dm.n * Record<kH>();
     unsigned done = 0;  // bit i: the warp's pair i has a partial in this tile
     const int nc = info.n_chains;
     for (int ci = 0; ci < nc; ++ci) {
       if (j < sm.chains[ci].lo || j > sm.chains[ci].hi) continue;  // uniform (shared memory)
-#ifdef PRISM_ATTN_CLOCKS
-      const long long c0 = clock64();
-#endif
       block::StageTile<KV, kH, kPW>(k_pool, v_pool, dm, tb, window, kvh, j, ci, qt, sm);
-#ifdef PRISM_ATTN_CLOCKS
-      const long long c1 = clock64();
-#endif
       block::Partials<kH, kPW> pt;
       block::TilePartials<kH, kPW>(sm, j, ci, window, scale, g_count, &pt);
-#ifdef PRISM_ATTN_CLOCKS
-      const long long c2 = clock64();
-#endif
       WritePartials<kH, kPW>(pt, dm, t0, kvh, g_count, slot_part, &done);
-#ifdef PRISM_ATTN_CLOCKS
-      const long long c3 = clock64();
-      c_stage += c1 - c0, c_tile += c2 - c1, c_write += c3 - c2, ++n_tiles;
-#endif
     }
     WriteEmpty<kH, kPW>(dm, t0, kvh, g_count, slot_part, done);
   }
-#ifdef PRISM_ATTN_CLOCKS
-  const unsigned long long g_end = GlobalNs();
-  const unsigned gb = gridDim.x;
-  if (threadIdx.x == 0 && (blockIdx.x % 33 == 0 || blockIdx.x + 1 == gb)) {
-    if (atomicAdd(&g_clock_prints, 1) < 120) {
-      printf("clk grid %u blk %u items %d setups %d tiles %d | list %lld setup %lld stage %lld "
-             "tile %lld write %lld total %lld | ns %llu %llu\n",
-             gb, blockIdx.x, n_items, n_setups, n_tiles, c_list, c_setup, c_stage, c_tile,
-             c_write, clock64() - c_start, g_start, g_end);
-    }
-  }
-#endif
 }
 
 // A pair's running state: m and l (equal on every lane) and the lane's dimensions of acc.
