@@ -116,6 +116,7 @@ def probe_engine(args) -> tuple:
     setup = SimpleNamespace(seed=0, kv_pages=320, token_buckets=(32, 64, 256, 512, 2048))
     setup.command_buffers = args.command_buffers
     setup.layers_per_call = args.layers_per_call
+    setup.whole_last_layer = args.whole_last_layer
     setup.no_baseline = True
     engine, _ = build(config, setup, {})
     return engine, config
@@ -191,11 +192,12 @@ def _read_parts(exe, emb, hidden, arrays) -> dict[str, float]:
     return {k: b - a for k, a, b in zip(("pack", "call", "ready", "get"), t, t[1:], strict=False)}
 
 
-def _readout_exe(runner, arrays, t: int):
-    """The readout executable of the step's arrays and what runner.read passes it."""
-    r, c = arrays["cand_ids"].shape
-    key = ("readout", t, r, c)
-    return key, runner.executable(key), runner._embedding  # noqa: SLF001 (what read passes)
+def _readout_exe(runner, hidden, arrays):
+    """The readout executable of the step's arrays, what runner.read passes it, and the arrays
+    it packs (the rows as they sit in hidden)."""
+    key, arrays = runner.readout_inputs(hidden, arrays)
+    emb = runner._embedding  # noqa: SLF001 (what read passes)
+    return key, runner.executable(key), emb, arrays
 
 
 def _medians(probe: str, key: tuple, rows: list[dict[str, float]]) -> dict:
@@ -207,10 +209,10 @@ def readout_split(runner, hidden, arrays, runs: int) -> dict:
     """Where runner.read's host time goes, median ms per part over `runs` reads of a ready
     hidden: packing the step's readout arrays, the call returning, its result being ready,
     the device-to-host copy, and the whole runner.read for comparison."""
-    key, exe, emb = _readout_exe(runner, arrays, hidden.shape[0])
+    key, exe, emb, packed_arrays = _readout_exe(runner, hidden, arrays)
     runner.read(hidden, arrays)  # warm-up
     rows = [
-        _read_parts(exe, emb, hidden, arrays)
+        _read_parts(exe, emb, hidden, packed_arrays)
         | {"read": _timed(lambda: runner.read(hidden, arrays))}
         for _ in range(runs)
     ]
@@ -224,8 +226,9 @@ def spin_until_ready(x):
     return x
 
 
-def _after_forward_row(runner, arrays, exe, emb, tiny) -> dict[str, float]:
-    """One round of readout_after_forward's reads, each after a forward of its own."""
+def _after_forward_row(runner, arrays, exe, emb, tiny, read_arrays) -> dict[str, float]:
+    """One round of readout_after_forward's reads, each after a forward of its own
+    (read_arrays: what the readout executable packs, _readout_exe's)."""
 
     r, c = arrays["cand_ids"].shape
 
@@ -236,7 +239,7 @@ def _after_forward_row(runner, arrays, exe, emb, tiny) -> dict[str, float]:
         return lambda: runner.read(hidden, arrays)
 
     def read_spinning():  # the engine's order, polling the result instead of sleeping
-        out = exe(emb, runner.forward(arrays), pack(arrays, readout_layout(r, c)))
+        out = exe(emb, runner.forward(arrays), pack(read_arrays, readout_layout(r, c)))
         out.copy_to_host_async()
         jax.device_get(spin_until_ready(out))
 
@@ -245,7 +248,7 @@ def _after_forward_row(runner, arrays, exe, emb, tiny) -> dict[str, float]:
     time.sleep(0.003)
     row["after_sleep"] = _timed(read(hidden))
     old = fresh()  # read in parts now; the next forward's hidden is fresh, this one is not
-    row |= _read_parts(exe, emb, old, arrays)
+    row |= _read_parts(exe, emb, old, read_arrays)
     row["forward"] = _timed(fresh)
     row["both"] = _timed(lambda: runner.read(runner.forward(arrays), arrays))
     fresh()
@@ -271,9 +274,12 @@ def readout_after_forward(runner, arrays, runs: int) -> dict:
     fresh forward: a read of the previous hidden, a copy back of an unrelated tiny result,
     a read with Python's garbage collector off, a read after spinning (not sleeping) until
     the forward is ready, and the engine's order with a spin before the copy back."""
-    key, exe, emb = _readout_exe(runner, arrays, arrays["tokens"].shape[0])
+    hidden = jax.block_until_ready(runner.forward(arrays))
+    key, exe, emb, read_arrays = _readout_exe(runner, hidden, arrays)
     tiny = jax.jit(lambda: jax.numpy.arange(8.0))  # an unrelated fresh 32-byte result
-    rows = [_after_forward_row(runner, arrays, exe, emb, tiny) for _ in range(runs + 2)]
+    rows = [
+        _after_forward_row(runner, arrays, exe, emb, tiny, read_arrays) for _ in range(runs + 2)
+    ]
     return _medians("readout_after_forward", key, rows[2:])  # the first two: warm-up
 
 

@@ -121,16 +121,15 @@ def scenarios(vocab: int, seed: int = 0) -> list[Scenario]:
 TOKEN_BUCKETS = (32, 64, 128, 192, 256, 320, 384, 448, 512, 1024, 2048)
 
 
-def step_keys(e: EngineConfig, steps: list[tuple[int, int]]) -> list[tuple]:
+def step_keys(runner, steps: list[tuple[int, int]]) -> list[tuple]:
     """Runner executables for steps of (tokens, readout rows), single-token options."""
+    e = runner.engine
     keys = []
     c = bucket(OPTIONS, e.candidate_buckets, "candidates")
     for tokens, rows in steps:
         t = bucket(tokens, e.token_buckets, "tokens")
-        keys.append(("forward", t))
-        if rows:
-            r = bucket(rows, e.row_buckets, "rows")
-            keys.append(("readout", t, r, c))  # gather + candidate head, fused
+        r = bucket(max(rows, 1), e.row_buckets, "rows")
+        keys += runner.step_keys(t, r, c if rows else None)
     return list(dict.fromkeys(keys))
 
 
@@ -309,6 +308,11 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         type=int,
         help="EngineConfig.forward_layers_per_call (default: the engine's, 8 on a GPU)",
     )
+    p.add_argument(
+        "--whole-last-layer",
+        action="store_true",
+        help="EngineConfig.readout_only_last_layer=False: the last layer for every token (A/B)",
+    )
 
 
 def build(config: ModelConfig, args, times: dict) -> tuple[Engine, Baseline | None]:
@@ -323,6 +327,7 @@ def build(config: ModelConfig, args, times: dict) -> tuple[Engine, Baseline | No
         candidate_buckets=(4, 256),
         command_buffers=args.command_buffers,
         forward_layers_per_call=args.layers_per_call,
+        readout_only_last_layer=not args.whole_last_layer,
     )
     # --attention digits applies to the prism engine only; the baseline keeps its own path.
     prism_config = config.replace(attention_numerics=getattr(args, "attention", "canonical"))
@@ -356,6 +361,7 @@ def meta(args, config: ModelConfig) -> dict:
         "attention_numerics": getattr(args, "attention", "canonical"),
         "command_buffers": args.command_buffers,
         "layers_per_call": args.layers_per_call,
+        "readout_only_last_layer": not args.whole_last_layer,
         # Not a result: another model, another device or fewer runs than DESIGN.md asks for.
         "smoke": args.preset != "gemma3-27b"
         or bool(args.layers)
@@ -445,7 +451,7 @@ def main(argv=None) -> None:
 
 
 def compile_scenario(engine: Engine, baseline: Baseline, s: Scenario, chunk: int, times: dict):
-    keys = step_keys(engine.engine_config, engine_steps(s, chunk))
+    keys = step_keys(engine.runner, engine_steps(s, chunk))
     compile_engine(engine, keys, times)
     compile_baseline(baseline, s, times)
 

@@ -12,7 +12,8 @@
 #                                 benchmarks/carry_prebuilt.sh NAME makes .carry/NAME/ with its
 #                                 COMMIT, exported as PRISM_COMMIT (the commit the JSON records)
 #   TESTS="..."                   pytest targets (default: tests/ops tests/test_extension.py
-#                                 tests/test_determinism.py: the forest invariances on the GPU)
+#                                 tests/test_determinism.py tests/model/test_last_layer_rows.py:
+#                                 the forest invariances on the GPU)
 #   REPORT=0                      skip the CUDA-vs-CPU report
 #   GEMM_BENCH="--sweep ..."      then run benchmarks/gemm_bench.py with these arguments
 #                                 (results in $OUT/gemm.jsonl and $OUT/gemm.md)
@@ -91,7 +92,7 @@ fi
 test_rc=0
 if [ "${TESTS:-}" != none ]; then
   echo "## op tests (CPU + CUDA)"
-  timeout -s INT "${TESTS_TIMEOUT:-400}" $PY -m pytest -q -n 4 -p no:cacheprovider ${TESTS:-tests/ops tests/test_extension.py tests/test_determinism.py} \
+  timeout -s INT "${TESTS_TIMEOUT:-400}" $PY -m pytest -q -n 4 -p no:cacheprovider ${TESTS:-tests/ops tests/test_extension.py tests/test_determinism.py tests/model/test_last_layer_rows.py} \
     --junitxml="$OUT/pytest.xml" 2>&1 | tail -25 | tee "$OUT/pytest.txt"
   test_rc=${PIPESTATUS[0]}
 fi

@@ -4,11 +4,11 @@
         [--single-digit] [--token-buckets 64,...] [--row-buckets ...] [--candidate-buckets ...]
 
 Builds the engine on random INT8 weights with warmup off, then compiles every bucket key
-(`Runner.bucket_keys`: forward per token bucket, readout per (tokens, rows, candidates), lse per
-(tokens, rows)) and times each kind. The persistent compilation cache lives in --cache: run the
-script twice with the same directory, and the second run measures a start that loads every
-executable from it. Bucket lists default to EngineConfig's. Appends one JSON line to
-DIR/startup.jsonl and prints it.
+(`Runner.bucket_keys`: forward per token bucket, the last layer per (tokens, rows), readout
+per (rows, candidates), lse per (rows, lse rows)) and times each kind. The persistent
+compilation cache lives in --cache: run the script twice with the same directory, and the
+second run measures a start that loads every executable from it. Bucket lists default to
+EngineConfig's. Appends one JSON line to DIR/startup.jsonl and prints it.
 """
 
 from __future__ import annotations

@@ -281,6 +281,11 @@ class EngineConfig:
     # first part while the host launches the rest. None: 8 on GPUs, every layer in one call
     # elsewhere (a CPU step's launch cost is small next to its compute).
     forward_layers_per_call: int | None = None
+    # The last decoder layer carries only the step's readout rows past its attention (it still
+    # writes every token's k/v): the same bits as the whole layer's rows, without the other
+    # tokens' attention, MLP and norms there (llama.cpp's "output ids"). It runs as a one-layer
+    # executable per (token bucket, row bucket). False: the whole layer for every token.
+    readout_only_last_layer: bool = True
 
     def __post_init__(self) -> None:
         assert self.command_buffers in COMMAND_BUFFERS, (

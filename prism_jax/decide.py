@@ -88,13 +88,19 @@ def make_table_fn(config: ModelConfig, full_vocab: bool = True, page_size: int =
 
     def table(params: model.Params, batch: Mapping[str, jax.Array]) -> jax.Array:
         pool = init_kv_pool(config, batch["pages_flat"].shape[0] + 1, page_size, params.precision)
-        hidden, _ = model.forward_paged(params, config, pool, batch["tokens"], paged_tables(batch))
+        tokens, rows = batch["tokens"], batch["rows"]
+        # The last layer only for the readout rows (the same bits) when they are fewer.
+        if rows.shape[0] < tokens.shape[0]:
+            hidden, _ = model.forward_paged(params, config, pool, tokens, paged_tables(batch), rows)
+            rows = jnp.arange(rows.shape[0], dtype=jnp.int32)
+        else:
+            hidden, _ = model.forward_paged(params, config, pool, tokens, paged_tables(batch))
         logits, logprobs = readout(
-            params, config, hidden, batch["rows"], batch["cand_ids"], batch["cand_counts"]
+            params, config, hidden, rows, batch["cand_ids"], batch["cand_counts"]
         )
         if not full_vocab:
             return logprobs
-        lse = readout_lse(params, config, hidden, batch["rows"])  # (R,)
+        lse = readout_lse(params, config, hidden, rows)  # (R,)
         return jnp.where(batch["use_lse"][:, None], logits - lse[:, None], logprobs)
 
     return table

@@ -1,15 +1,16 @@
 """The runner: compiled step executables per static bucket, and the device KV pool.
 
-Every shape the scheduler can produce is a bucket: forward steps by token count T, readouts
-by (T, rows R, candidates C), vocabulary passes by (T, rows). `warmup` compiles all of them
+Every shape the scheduler can produce is a bucket: forward steps by token count T (their last
+layer by (T, readout rows R)), readouts by (hidden rows, R, candidates C), vocabulary passes by
+(hidden rows, lse rows). `warmup` compiles all of them
 ahead of time (with a progress bar; the persistent compilation cache makes later starts fast),
 after which a step only looks its executable up: steady state never compiles. The KV pool is
 donated into each forward step and replaced by the result, so XLA updates it in place.
 
 Host overhead per step is one int32 transfer and one dispatch per executable: each call's
 integer inputs travel packed in one buffer (step_buffers), and a readout gathers its rows,
-scores the candidates and returns one f32 array, so a step costs two calls (three when some
-row needs the vocabulary pass) and one device-to-host read.
+scores the candidates and returns one f32 array, so a step costs a call per forward part and
+one readout call (two when some row needs the vocabulary pass) and one device-to-host read.
 
 On the GPU a forward step runs as several executables of consecutive layers (forward_parts.py:
 2, 4, then 8 layers each for the 27B): XLA spends ~55 us of host time per 27B layer before an
@@ -18,6 +19,11 @@ while with parts only the first (smallest) part's host work precedes the GPU. Ea
 CUDA graph (an XLA command buffer) that XLA re-records whenever a buffer it uses has moved; the
 engine drops a step's hidden before its next forward, so the allocator hands the same blocks
 back (dispatch_probe.py's forward_held measures a caller that holds it).
+
+With EngineConfig.readout_only_last_layer (the default) the last decoder layer is a part of its
+own, compiled per (T, R): it writes every token's k/v but carries only the step's R readout rows
+past its attention, so the forward returns hidden [R, D] in the order of the step's rows, and
+the readouts (compiled per hidden rows R) read rows 0..R-1 of it. Same bits as the full layer.
 """
 
 from __future__ import annotations
@@ -50,7 +56,12 @@ class Runner:
         per_call = layers_per_call(
             engine.forward_layers_per_call, config.num_layers, jax.default_backend()
         )
-        self.parts = plan_parts(config.num_layers, per_call)
+        # readout_only_last_layer: the last layer is a part of its own (the tail), per row bucket.
+        self.tail = engine.readout_only_last_layer
+        body = config.num_layers - 1 if self.tail else config.num_layers
+        self.parts = plan_parts(body, per_call) if body else ()
+        if self.tail:
+            self.parts += (range(body, config.num_layers),)
         self._part_leaves = part_leaf_indices(params, self.parts)
         self._part_leaves_of = [[self._param_leaves[i] for i in ix] for ix in self._part_leaves]
         # Readouts take only the output embedding: passing the whole params pytree (hundreds
@@ -58,7 +69,9 @@ class Runner:
         self._embedding = model.output_embedding(params, config)
 
     # --- the jitted step functions (layouts are static: one jit per bucket) ----------------
-    def _forward_fn(self, layout: Layout, part: int):
+    def _forward_fn(self, layout: Layout, part: int, rows: int | None = None):
+        """Part `part` of a forward step; the tail (rows = R) returns hidden [R, D] of the
+        step's first R out_rows."""
         config, tree, n = self.config, self._param_tree, len(self._param_leaves)
         layers, indices = self.parts[part], self._part_leaves[part]
 
@@ -73,7 +86,14 @@ class Runner:
             for i, leaf in zip(indices, leaves, strict=True):
                 full[i] = leaf
             params = jax.tree.unflatten(tree, full)
-            return model.forward_paged_part(params, config, kv, a["tokens"], carry, tables, layers)
+            out_rows = None if rows is None else a["out_rows"][:rows]
+            # As many rows as tokens or more (repeated questions on a cached state): the
+            # whole layer is the cheaper way to the same bits.
+            prune = out_rows is not None and rows < a["tokens"].shape[0]
+            out, kv = model.forward_paged_part(
+                params, config, kv, a["tokens"], carry, tables, layers, out_rows if prune else None
+            )
+            return (out[out_rows] if out_rows is not None and not prune else out), kv
 
         return jax.jit(fwd, donate_argnums=1)
 
@@ -108,14 +128,28 @@ class Runner:
         """Every executable a step can need. Each token bucket takes every row bucket: rows can
         outnumber tokens, because identical questions share their forest branch but keep one
         readout row each (24 of them on a cached state read 24 rows from an 8-token step), and
-        a readout left out here would compile on first use, in the middle of serving."""
+        a readout left out here would compile on first use, in the middle of serving.
+        Readouts are keyed by hidden's rows: T, or R with the tail (then R' <= R lse rows)."""
         e = self.engine
         keys: list[tuple] = [("forward", t) for t in e.token_buckets]
+        if self.tail:  # as step_keys, with lse rows R' <= R
+            keys += [("tail", t, r) for t, r in itertools.product(e.token_buckets, e.row_buckets)]
+            keys += [("readout", r, r, c) for r in e.row_buckets for c in e.candidate_buckets]
+            keys += [("lse", r, x) for r in e.row_buckets for x in e.row_buckets if x <= r]
+            return keys
         keys += [
             ("readout", t, r, c)
             for t, r, c in itertools.product(e.token_buckets, e.row_buckets, e.candidate_buckets)
         ]
         keys += [("lse", t, r) for t, r in itertools.product(e.token_buckets, e.row_buckets)]
+        return keys
+
+    def step_keys(self, t: int, r: int, c: int | None) -> list[tuple]:
+        """The executables a step of bucketed t tokens and r readout rows runs, with its
+        readout of c candidates (None: a step without readout rows, e.g. a prefill chunk)."""
+        keys = [("forward", t)] + ([("tail", t, r)] if self.tail else [])
+        if c is not None:
+            keys.append(("readout", r if self.tail else t, r, c))
         return keys
 
     def _part_args(self, part: int, t: int) -> tuple:
@@ -129,15 +163,18 @@ class Runner:
         kind, t = key[0], key[1]
         options = COMMAND_BUFFERS[self.engine.command_buffers]
         self.compilations += 1
-        if kind == "forward":  # one executable per part
+        if kind in ("forward", "tail"):  # forward: one executable per part but the tail
             layout = forward_layout(t, self.engine)
             packed = self._spec((size(layout),))
-            return tuple(
-                self._forward_fn(layout, part)
+            body = len(self.parts) - 1 if self.tail else len(self.parts)
+            parts = [(p, None) for p in range(body)] if kind == "forward" else [(body, key[2])]
+            out = tuple(
+                self._forward_fn(layout, part, rows)
                 .lower(*self._part_args(part, t), packed)
                 .compile(compiler_options=options)
-                for part in range(len(self.parts))
+                for part, rows in parts
             )
+            return out if kind == "forward" else out[0]
         if kind == "readout":
             layout = readout_layout(key[2], key[3])
             packed = self._spec((size(layout),))
@@ -148,7 +185,8 @@ class Runner:
         return lowered.compile(compiler_options=options)
 
     def executable(self, key: tuple):
-        """The compiled executable of a bucket key; for ("forward", t) a tuple, one per part."""
+        """The compiled executable of a bucket key; for ("forward", t) a tuple, one per part
+        (less the tail, keyed ("tail", t, r), when there is one)."""
         if key not in self._compiled:
             self._compiled[key] = self._compile(key)
         return self._compiled[key]
@@ -163,12 +201,16 @@ class Runner:
 
     # --- running ---------------------------------------------------------------------------
     def forward(self, arrays: Mapping[str, np.ndarray]) -> jax.Array:
-        """Runs one padded step; the pool is donated and replaced. Returns hidden [T, D]."""
+        """Runs one padded step; the pool is donated and replaced. Returns hidden [T, D], or
+        with the tail [R, D] at the step's readout rows (arrays["rows"], in that order)."""
         t = arrays["tokens"].shape[0]
         # One transfer for the step's integers, not six, and for all parts.
         packed = jax.device_put(pack(arrays, forward_layout(t, self.engine)))
+        runs = self.executable(("forward", t))
+        if self.tail:
+            runs += (self.executable(("tail", t, arrays["rows"].shape[0])),)
         carry = None
-        for part, run in enumerate(self.executable(("forward", t))):
+        for part, run in enumerate(runs):
             layers = self.parts[part]
             kv = list(self.kv)
             pools = tuple(kv[layers.start : layers.stop])
@@ -178,15 +220,25 @@ class Runner:
             self.kv = tuple(kv)  # at once: a later part's failure leaves no donated pool here
         return carry
 
+    def readout_inputs(self, hidden: jax.Array, arrays: Mapping[str, np.ndarray]):
+        """(key, arrays) of the readout that reads the step's rows from `hidden`: with the tail
+        hidden holds the rows themselves, in order, so the readout reads rows 0..R-1."""
+        t = hidden.shape[0]
+        r, c = arrays["cand_ids"].shape
+        if self.tail:
+            assert t == r, f"hidden has {t} rows, the step reads {r}: not this step's forward"
+            arrays = _rows_in_tail_hidden(arrays)
+        return ("readout", t, r, c), arrays
+
     def read(
         self, hidden: jax.Array, arrays: Mapping[str, np.ndarray]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(logits [R, C], logprobs [R, C], lse [R']) on the host for the step's readout rows;
         lse only for arrays["lse_rows"] (empty when no row needs the vocabulary pass)."""
-        t = hidden.shape[0]
-        r, c = arrays["cand_ids"].shape
+        key, arrays = self.readout_inputs(hidden, arrays)
+        t, r, c = key[1:]
         packed = pack(arrays, readout_layout(r, c))
-        scores = self.executable(("readout", t, r, c))(self._embedding, hidden, packed)
+        scores = self.executable(key)(self._embedding, hidden, packed)
         # The copies back are queued now, behind the readout on the device, so they need no
         # host round trip once it ends (not measured on its own; dispatch_probe.py's readout
         # rows time the whole read).
@@ -199,3 +251,12 @@ class Runner:
         # One read for all results: each np.asarray would wait for the device on its own.
         scores, lse = jax.device_get((scores, lse))
         return scores[0], scores[1], np.asarray(lse)
+
+
+def _rows_in_tail_hidden(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The readout's arrays for a hidden of the step's rows only (the tail's output): rows
+    0..R-1, and the lse rows as their positions among them."""
+    lse_rows = np.zeros_like(arrays["lse_rows"])
+    lse_rows[: len(arrays["lse_of"])] = arrays["lse_of"]
+    rows = np.arange(arrays["rows"].shape[0], dtype=np.int32)
+    return dict(arrays, rows=rows, lse_rows=lse_rows)

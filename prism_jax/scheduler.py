@@ -153,7 +153,8 @@ def step_arrays(
 def readout_arrays(forest: Forest, rows: list[int], index_of, engine: EngineConfig):
     """rows int32 [R] (token index in the step), cand_ids [R, C], cand_counts [R], and
     lse_rows int32 [R'] (step token index of the rows that need the vocabulary pass, first
-    len(lse_of) of them; R' from the row buckets) with lse_of: those rows' positions in rows."""
+    len(lse_of) of them; R' from the row buckets) with lse_of: those rows' positions in rows.
+    out_rows: rows zero-padded to the largest row bucket (the forward's copy of them)."""
     r = bucket(max(len(rows), 1), engine.row_buckets, "readout rows in one step")
     widest = max([len(forest.candidates[x]) for x in rows] + [1])
     c = bucket(widest, engine.candidate_buckets, "candidates per row")
@@ -167,8 +168,11 @@ def readout_arrays(forest: Forest, rows: list[int], index_of, engine: EngineConf
     lse_of = [i for i, x in enumerate(rows) if forest.use_lse[x]]
     lse_rows = np.zeros(bucket(max(len(lse_of), 1), engine.row_buckets, "lse rows"), np.int32)
     lse_rows[: len(lse_of)] = idx[lse_of]
+    out_rows = np.zeros(engine.row_buckets[-1], np.int32)
+    out_rows[:r] = idx
     return dict(
         rows=idx,
+        out_rows=out_rows,
         cand_ids=ids,
         cand_counts=counts,
         lse_rows=lse_rows,

@@ -20,7 +20,9 @@ Layout = tuple[tuple[str, tuple[int, ...]], ...]
 
 
 def forward_layout(t: int, engine: EngineConfig) -> Layout:
-    """The forward's inputs for a step of t tokens (scheduler.step_arrays' names)."""
+    """The forward's inputs for a step of t tokens (scheduler.step_arrays' names). out_rows,
+    the readout rows padded to the largest row bucket, keeps one buffer for every part
+    whatever the step's row bucket (the last layer's part reads its first R)."""
     return (
         ("tokens", (t,)),
         ("slot", (t,)),
@@ -28,6 +30,7 @@ def forward_layout(t: int, engine: EngineConfig) -> Layout:
         ("chain_of", (t,)),
         ("chain_segments", (t, engine.chain_depth, 3)),
         ("pages_flat", (engine.kv_pages,)),
+        ("out_rows", (engine.row_buckets[-1],)),
     )
 
 

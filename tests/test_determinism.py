@@ -138,7 +138,8 @@ def test_forward_in_parts_keeps_every_bit(setup):
     the GPU runs in parts of 8) against one executable for all layers, and a prefix-cache hit
     on the pool the parts wrote."""
     device, engine, qs, _ = setup
-    assert len(engine.runner.parts) == 1, "the reference runs every layer in one call"
+    # The reference runs every layer but the last in one call, then the last (the tail).
+    assert [len(p) for p in engine.runner.parts] == [engine.config.num_layers - 1, 1]
     batch = [qs[0], qs[3]]
     want = _cold(device, engine, batch) + _cold(device, engine, [qs[4]])
     split = dataclasses.replace(BUCKETS, forward_layers_per_call=1)
@@ -151,6 +152,32 @@ def test_forward_in_parts_keeps_every_bit(setup):
     assert hit.cached_tokens(0) == ROOT + TRUNK
     for a, b in zip(got + hit.probabilities, want, strict=True):
         _check(a, b, "forward in one-layer parts")
+
+
+def test_the_whole_last_layer_gives_the_same_bits(setup, rng):
+    """(i) the last layer for every token (readout_only_last_layer=False) against the default,
+    which carries only the readout rows past its attention: a forest with leaves (the
+    vocabulary pass), prefill in chunks, a prefix-cache hit on what the default wrote, and
+    more readout rows than the step has tokens."""
+    device, engine, qs, _ = setup
+    batch = [qs[0], qs[3], qs[7]]
+    chunk = int(rng.integers(20, 120))
+    want = _cold(device, engine, batch) + _cold(device, engine, batch, chunk=chunk)
+    whole = dataclasses.replace(BUCKETS, readout_only_last_layer=False)
+    with jax.default_device(device):
+        other = Engine(engine.config, engine.params, None, None, engine_config=whole)
+    other.root_len = ROOT
+    assert [len(p) for p in other.runner.parts] == [engine.config.num_layers]
+    got = _cold(device, other, batch) + _cold(device, other, batch, chunk=chunk)
+    for a, b in zip(got, want, strict=True):
+        _check(a, b, "the whole last layer")
+    repeated = [qs[5]] * 20  # 20 rows of a few tokens once the state is cached
+    _run(device, engine, [qs[1]])
+    _run(device, other, [qs[1]])
+    hit, ref = _run(device, engine, repeated), _run(device, other, repeated)
+    assert hit.cached_tokens(0) == ref.cached_tokens(0) == ROOT + TRUNK
+    for a, b in zip(hit.probabilities, ref.probabilities, strict=True):
+        _check(a, b, "20 readout rows on a cache hit")
 
 
 def test_make_decide_fn_gives_the_engines_bits(setup):

@@ -29,7 +29,8 @@ def test_tiny_probe_prints_every_row():
         assert 0 < r["return_ms"] <= r["done_ms"], r
     assert rows[1]["args"] > 1 and rows[2]["kv"] > 1 and rows[3]["tokens"] == 256
     split, after = rows[5], rows[6]
-    assert split["key"] == after["key"] == ["readout", 256, 1, 4], (split, after)
+    # The one question's readout: its row's hidden only (readout_only_last_layer).
+    assert split["key"] == after["key"] == ["readout", 1, 1, 4], (split, after)
     assert all(split[f"{k}_ms"] > 0 for k in ("pack", "call", "ready", "get", "read")), split
     assert after["both_ms"] > 0 and after["forward_ms"] > 0 and after["after_ready_ms"] > 0, after
     assert [r["scenario"] for r in rows[7:9]] == ["one_question", "follow_up_4k"]

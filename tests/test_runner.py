@@ -3,6 +3,9 @@ whatever its size, chunking, readout width or cache state."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -11,6 +14,7 @@ from prism_jax.config import EngineConfig, ModelConfig
 from prism_jax.engine import Engine
 from prism_jax.model import init_random
 from prism_jax.prompts import RenderedQuestion
+from prism_jax.runner import Runner
 from tests.model.tiny import TINY_HF_CONFIGS
 
 BUCKETS = EngineConfig(
@@ -78,8 +82,59 @@ def _workload(rng, vocab: int) -> list[list[RenderedQuestion]]:
 def test_warmup_compiles_every_bucket_once(engine):
     keys = engine.runner.bucket_keys()
     assert engine.runner.compilations == len(keys)
-    assert ("forward", 256) in keys and ("readout", 256, 16, 256) in keys
-    assert ("lse", 16, 1) in keys and ("readout", 16, 16, 2) in keys
+    assert len(set(keys)) == len(keys)
+    # readout_only_last_layer: the last layer per (tokens, rows), readouts per hidden rows R.
+    assert ("forward", 256) in keys and ("tail", 256, 16) in keys and ("tail", 16, 1) in keys
+    assert ("readout", 16, 16, 256) in keys and ("readout", 1, 1, 2) in keys
+    assert ("lse", 16, 1) in keys and ("lse", 1, 1) in keys and ("lse", 1, 4) not in keys
+    assert not [k for k in keys if k[0] == "readout" and k[1] != k[2]]
+
+
+def test_whole_last_layer_keys():
+    """readout_only_last_layer=False: no tail, readouts of hidden [T, D] at R rows."""
+    config = ModelConfig.from_hf_config(TINY_HF_CONFIGS["qwen3"])
+    whole = dataclasses.replace(BUCKETS, readout_only_last_layer=False)
+    runner = Runner(config, init_random(config, "int8", seed=0), whole)
+    keys = runner.bucket_keys()
+    assert runner.parts == (range(config.num_layers),)
+    assert not [k for k in keys if k[0] == "tail"]
+    assert ("readout", 256, 16, 256) in keys and ("lse", 16, 64 // 4) in keys
+
+
+def test_the_tail_runs_the_last_layer_on_the_rows(engine):
+    """Past the attention, the last layer's GEMMs take the R readout rows (2R: two digits),
+    not the step's T tokens; only its fused q/k/v projection (two calls with two digits)
+    sees every token."""
+    t, r = 256, 4
+    text = engine.runner.executable(("tail", t, r)).as_text()
+    rows = [
+        int(m.group(1))
+        for line in text.splitlines()
+        if 'custom_call_target="prism_int8_gemm"' in line
+        for m in [re.search(r"= \(?f32\[(\d+),", line)]
+    ]
+    small = [m for m in rows if m <= 2 * r]
+    assert len(small) >= 3 and len(rows) - len(small) <= 2, rows
+    assert all(m >= t for m in rows if m > 2 * r), rows
+
+
+def test_the_forward_returns_the_rows_hidden(engine, rng):
+    """With the tail, runner.forward gives hidden [R, D] in the order of arrays["rows"]."""
+    from prism_jax.forest import build_forest
+    from prism_jax.scheduler import place, plan_steps, release, step_arrays
+
+    vocab = engine.config.vocab_size
+    state = tuple(int(x) for x in rng.integers(0, vocab, 30))
+    qs = [RenderedQuestion(state, (i + 1, i + 2), ((1,), (2,))) for i in range(3)]
+    forest = build_forest(qs, 0)
+    placements = place(forest, engine.cache)
+    try:
+        (plan,) = plan_steps(forest, placements, 64)
+        arrays = step_arrays(forest, placements, plan, BUCKETS, engine.pool.num_pages)
+        hidden = engine.runner.forward(arrays)
+    finally:
+        release(placements, engine.cache, completed=False)
+    assert hidden.shape == (arrays["rows"].shape[0], engine.config.hidden_size)
 
 
 def test_each_call_gets_one_integer_buffer(engine):
@@ -87,7 +142,7 @@ def test_each_call_gets_one_integer_buffer(engine):
     weights, their pools, the previous part's carry and one packed int32 buffer; the readout
     the embedding, hidden and one buffer."""
     runner = engine.runner
-    parts = runner.executable(("forward", 64))
+    parts = runner.executable(("forward", 64)) + (runner.executable(("tail", 64, 4)),)
     assert len(parts) == len(runner.parts)
     weights_passed = 0
     for i, part in enumerate(parts):
@@ -100,7 +155,7 @@ def test_each_call_gets_one_integer_buffer(engine):
         assert (carry is None) == (i == 0)
         assert packed.dtype == np.int32 and len(packed.shape) == 1
     assert weights_passed >= len(runner._param_leaves)
-    args, kwargs = runner.executable(("readout", 64, 4, 8)).args_info
+    args, kwargs = runner.executable(("readout", 4, 4, 8)).args_info
     assert not kwargs and len(args) == 3, "readout(embedding, hidden, packed)"
     assert args[2].dtype == np.int32 and len(args[2].shape) == 1
 

@@ -1,7 +1,9 @@
 """Where a layer's attention reads its keys: a dense mask over this step's tokens, or the paged
 KV pool through the tree_attention custom call.
 
-The decoder calls `backend(layer, q, k, v) -> [T, N * H]` once per layer with roped q and k.
+The decoder calls `backend(layer, q, k, v) -> [T, N * H]` once per layer with roped q and k;
+with `rows` (int32 [R] token indices) only those tokens' outputs come back, [R, N * H], while
+every token's k/v is still written (a step's last layer: only its readout rows are read).
 The masked backend is the plain-jnp path (HF parity tests, notebooks on toy inputs); the paged
 backend is what the engine runs: it writes this step's k/v into the pool and attends each
 token's chain, with the numerics of DESIGN.md (batch-, paging- and chunking-invariant).
@@ -13,6 +15,7 @@ import dataclasses
 from typing import Protocol
 
 import jax
+import jax.numpy as jnp
 
 from prism_jax import ops
 from prism_jax.config import ModelConfig
@@ -20,7 +23,9 @@ from prism_jax.model.layers import attend, sliding_window_mask
 
 
 class AttentionBackend(Protocol):
-    def __call__(self, layer: int, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array: ...
+    def __call__(
+        self, layer: int, q: jax.Array, k: jax.Array, v: jax.Array, rows: jax.Array | None = None
+    ) -> jax.Array: ...
 
 
 @dataclasses.dataclass
@@ -31,12 +36,15 @@ class MaskedAttention:
     positions: jax.Array  # int32 [T]
     mask: jax.Array  # bool [T, T]
 
-    def __call__(self, layer: int, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    def __call__(self, layer: int, q: jax.Array, k: jax.Array, v: jax.Array, rows=None):
         c = self.config
         mask = self.mask
         if c.layer_types[layer] == "sliding":
             mask = sliding_window_mask(mask, self.positions, c.sliding_window)
-        return attend(q, k, v, mask, c.attention_scale)
+        # Every row, then the gather: XLA's dots need not give a row the same bits in a
+        # smaller batch, and this path is the plain reference.
+        out = attend(q, k, v, mask, c.attention_scale)
+        return out if rows is None else out[rows]
 
 
 @jax.tree_util.register_dataclass
@@ -60,8 +68,9 @@ class PagedAttention:
     tables: PagedTables
     kv: dict[int, tuple[jax.Array, jax.Array]]
 
-    def __call__(self, layer: int, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    def __call__(self, layer: int, q: jax.Array, k: jax.Array, v: jax.Array, rows=None):
         c, tb = self.config, self.tables
+        chain_of = tb.chain_of if rows is None else only_rows(tb.chain_of, rows)
         k_pages, v_pages = self.kv[layer]
         window = c.sliding_window if c.layer_types[layer] == "sliding" else 0
         digits = c.attention_numerics == "digits"
@@ -75,7 +84,7 @@ class PagedAttention:
             v_pages,
             tb.slot,
             tb.positions,
-            tb.chain_of,
+            chain_of,
             tb.chain_segments,
             tb.pages_flat,
             scale=c.attention_scale,
@@ -83,4 +92,14 @@ class PagedAttention:
         )
         self.kv[layer] = (k_pages, v_pages)
         t = q.shape[0]
-        return out.reshape(t, -1)  # (T, N*H)
+        out = out.reshape(t, -1)  # (T, N*H)
+        return out if rows is None else out[rows]
+
+
+def only_rows(chain_of: jax.Array, rows: jax.Array) -> jax.Array:
+    """chain_of with every token outside `rows` marked as padding (-1): the kernels still write
+    its k/v (the write depends on the slot only) but attend nothing for it. A query's bits
+    depend only on its own chain and position (DESIGN.md), never on which other tokens attend,
+    so the rows' outputs keep the bits of the full call."""
+    keep = jnp.zeros(chain_of.shape, jnp.bool_).at[rows].set(True)
+    return jnp.where(keep, chain_of, -1)

@@ -70,10 +70,17 @@ class Attention(nnx.Module):
         self.q_norm = RMSNorm(c.head_dim, c, precision, "head_dim") if c.qk_norm else None
         self.k_norm = RMSNorm(c.head_dim, c, precision, "head_dim") if c.qk_norm else None
 
-    def __call__(self, x: Quantized | jax.Array, positions: jax.Array, attention: AttentionBackend):
+    def __call__(
+        self,
+        x: Quantized | jax.Array,
+        positions: jax.Array,
+        attention: AttentionBackend,
+        rows: jax.Array | None = None,
+    ):
+        """(T, D) output, or (R, D) for the tokens `rows` only (every token's k/v is written)."""
         c = self.config
         q, k, v = self._project(x, positions)
-        a = attention(self.layer, q, k, v)  # (T, N*H)
+        a = attention(self.layer, q, k, v, rows)  # (T or R, N*H)
         if self.precision == "int8":
             digits = 2 if "o" in c.int8_two_digit_rows else 1
             aq = Quantized(*ops.quantize_digits(a.astype(jnp.float32), digits=digits))
@@ -154,14 +161,21 @@ class DecoderLayer(nnx.Module):
         self.mlp = MLP(c, precision)
         self.post_mlp_norm = RMSNorm(d, c, precision, "embed") if c.sandwich_norms else None
 
-    def __call__(self, h, delta, positions, attention, delta_norm: RMSNorm | None = None):
+    def __call__(
+        self, h, delta, positions, attention, delta_norm: RMSNorm | None = None, rows=None
+    ):
         """(h, delta) -> (h + [delta_norm](delta) + attention, the MLP output before its
         post-norm): the MLP output's post-norm (Gemma) and residual add are left to the next
-        norm, which fuses them (run_layers passes this layer's post_mlp_norm as delta_norm)."""
+        norm, which fuses them (run_layers passes this layer's post_mlp_norm as delta_norm).
+        With `rows` (int32 [R]) every token's k/v is written but only those tokens go on past
+        the attention: (R, D) out. Every op after it is per row, so their bits are the full
+        layer's rows."""
         x, h = self.input_norm.project_input(
             h, delta, two_digit=self.two_digit_qkv, delta_norm=delta_norm
         )
-        o = self.attn(x, positions, attention)  # (T, D)
+        o = self.attn(x, positions, attention, rows)  # (T or R, D)
+        if rows is not None:
+            h = h[rows]
         x, h = self.pre_mlp_norm.project_input(
             h, o, two_digit=self.two_digit_gate_up, delta_norm=self.post_attn_norm
         )
@@ -183,20 +197,25 @@ class Transformer(nnx.Module):
         )
 
     def __call__(
-        self, tokens: jax.Array, positions: jax.Array, attention: AttentionBackend
+        self, tokens: jax.Array, positions: jax.Array, attention: AttentionBackend, rows=None
     ) -> jax.Array:
         h = self.embed.lookup(tokens, self.config.embed_scale)  # (T, D)
-        h, delta = self.run_layers(h, None, positions, attention, range(len(self.layers)))
+        layers = range(len(self.layers))
+        h, delta = self.run_layers(h, None, positions, attention, layers, rows)
         return self.final_norm(h + delta)
 
-    def run_layers(self, h, delta, positions, attention: AttentionBackend, layers: range):
+    def run_layers(
+        self, h, delta, positions, attention: AttentionBackend, layers: range, rows=None
+    ):
         """(h, delta) through the decoder layers `layers` (delta None before the first). Inside
         the run each layer's MLP output goes to the next layer with its post-norm pending
         (fused into that layer's input norm); the run's last applies its own, so a run's
-        (h, delta) is the same whatever runs a forward is cut into (forward_parts.py)."""
+        (h, delta) is the same whatever runs a forward is cut into (forward_parts.py).
+        `rows`: the run's last layer carries only those tokens on (R rows out)."""
         for i in layers:
             pending = self.layers[i - 1].post_mlp_norm if i > layers.start else None
-            h, delta = self.layers[i](h, delta, positions, attention, delta_norm=pending)
+            only = rows if i == layers.stop - 1 else None
+            h, delta = self.layers[i](h, delta, positions, attention, pending, only)
         last = self.layers[layers.stop - 1].post_mlp_norm
         return h, (last(delta) if last is not None else delta)
 
@@ -250,7 +269,12 @@ def _check_step_inputs(tokens, positions, mask) -> None:
 
 
 def forward(
-    params: Params, config: ModelConfig, tokens: jax.Array, positions: jax.Array, mask: jax.Array
+    params: Params,
+    config: ModelConfig,
+    tokens: jax.Array,
+    positions: jax.Array,
+    mask: jax.Array,
+    rows: jax.Array | None = None,
 ) -> jax.Array:
     """Runs the decoder over one flat token sequence.
 
@@ -261,12 +285,22 @@ def forward(
       positions: int32 [T] rope positions (a forest repeats positions across branches).
       mask: bool [T, T]; mask[q, k] says query q may attend key k (causal, tree or forest).
         Sliding-window layers further require positions[q] - positions[k] < sliding_window.
+      rows: optional int32 [R] token indices: the hidden states wanted (see forward_paged).
 
     Returns:
-      Final-normed hidden states [T, D] (fp32 for int8 and fp32, bf16 for bf16).
+      Final-normed hidden states [T, D] (fp32 for int8 and fp32, bf16 for bf16), or [R, D].
     """
     _check_step_inputs(tokens, positions, mask)
-    return bind(params, config)(tokens, positions, MaskedAttention(config, positions, mask))
+    attention = MaskedAttention(config, positions, mask)
+    return bind(params, config)(tokens, positions, attention, _check_rows(rows))
+
+
+def _check_rows(rows: jax.Array | None) -> jax.Array | None:
+    if rows is not None and (rows.ndim != 1 or rows.dtype != jnp.int32):
+        raise ValueError(
+            f"rows must be int32 [R] token indices, got {rows.dtype} {list(rows.shape)}"
+        )
+    return rows
 
 
 def forward_paged(
@@ -275,6 +309,7 @@ def forward_paged(
     kv: tuple[tuple[jax.Array, jax.Array], ...],
     tokens: jax.Array,
     tables: PagedTables,
+    rows: jax.Array | None = None,
 ) -> tuple[jax.Array, tuple[tuple[jax.Array, jax.Array], ...]]:
     """Runs the decoder over one step of a forest against the paged KV pool.
 
@@ -282,13 +317,19 @@ def forward_paged(
       kv: per layer (k_pages, v_pages) [P, L, K, H] (kv_pages.init_kv_pool); donate them.
       tokens: int32 [T] this step's tokens (padding: any id).
       tables: slot / positions / chain tables of the step (scheduler.step_arrays).
+      rows: optional int32 [R] token indices (repeats allowed): the hidden states the step
+        reads out. The last layer then writes every token's k/v but computes its attention
+        output, MLP and final norm for these R tokens only: the same bits as the full
+        hidden's rows (hidden[rows]), for 1 / num_layers of the work on the other tokens.
 
     Returns:
-      (final-normed hidden [T, D], the pools with this step's k/v written). A token's hidden
-      state depends only on its own chain's tokens, never on the rest of the step (int8).
+      (final-normed hidden [T, D] or [R, D], the pools with this step's k/v written). A
+      token's hidden state depends only on its own chain's tokens, never on the rest of the
+      step (int8).
     """
     assert len(kv) == config.num_layers, f"kv has {len(kv)} layers, the model {config.num_layers}"
-    return forward_paged_part(params, config, kv, tokens, None, tables, range(config.num_layers))
+    layers = range(config.num_layers)
+    return forward_paged_part(params, config, kv, tokens, None, tables, layers, rows)
 
 
 def forward_paged_part(
@@ -299,6 +340,7 @@ def forward_paged_part(
     carry: tuple[jax.Array, jax.Array] | None,
     tables: PagedTables,
     layers: range,
+    rows: jax.Array | None = None,
 ):
     """forward_paged's layers `layers` only, so a step can run as several executables
     (prism_jax/forward_parts.py); the parts in order compute forward_paged's bits.
@@ -307,21 +349,24 @@ def forward_paged_part(
       kv: the pools of `layers` only (donate them).
       tokens: the step's tokens (read by the part starting at layer 0 only).
       carry: (h, delta) from the previous part; None for the first part.
+      rows: forward_paged's rows; only for the part ending at the last layer.
 
     Returns:
-      (carry for the next part, or the final-normed hidden [T, D] from the part ending at the
-      last layer; the pools of `layers` with this step's k/v written).
+      (carry for the next part, or the final-normed hidden [T, D] ([R, D] with rows) from the
+      part ending at the last layer; the pools of `layers` with this step's k/v written).
     """
     assert len(layers) >= 1 and layers.step == 1, f"layers must be a non-empty run, got {layers}"
     assert 0 <= layers.start and layers.stop <= config.num_layers, f"{layers} outside the model"
     assert len(kv) == len(layers), f"kv has {len(kv)} layers, the part {len(layers)}"
     assert (carry is None) == (layers.start == 0), "only the first part starts without a carry"
+    last = layers.stop == config.num_layers
+    assert rows is None or last, "rows: only the part ending at the last layer reads out"
     positions = jnp.maximum(tables.positions, 0)  # padding rows: any valid rope position
     backend = PagedAttention(config, tables, dict(zip(layers, kv, strict=True)))
     m = bind(params, config)
     h, delta = carry if carry is not None else (m.embed.lookup(tokens, config.embed_scale), None)
-    h, delta = m.run_layers(h, delta, positions, backend, layers)
-    out = m.final_norm(h + delta) if layers.stop == config.num_layers else (h, delta)
+    h, delta = m.run_layers(h, delta, positions, backend, layers, _check_rows(rows))
+    out = m.final_norm(h + delta) if last else (h, delta)
     return out, tuple(backend.kv[i] for i in layers)
 
 
