@@ -2,6 +2,7 @@
 
     python3 benchmarks/startup_bench.py --out DIR --cache DIR [--preset gemma3-27b]
         [--single-digit] [--token-buckets 64,...] [--row-buckets ...] [--candidate-buckets ...]
+        [--whole-last-layer]
 
 Builds the engine on random INT8 weights with warmup off, then compiles every bucket key
 (`Runner.bucket_keys`: forward per token bucket, the last layer per (tokens, rows), readout
@@ -41,7 +42,11 @@ def engine_config(args) -> EngineConfig:
         "row_buckets": args.row_buckets,
         "candidate_buckets": args.candidate_buckets,
     }
-    return EngineConfig(kv_pages=args.kv_pages, **{k: v for k, v in chosen.items() if v})
+    return EngineConfig(
+        kv_pages=args.kv_pages,
+        readout_only_last_layer=not args.whole_last_layer,
+        **{k: v for k, v in chosen.items() if v},
+    )
 
 
 def compile_all(engine: Engine) -> dict:
@@ -71,6 +76,11 @@ def main(argv=None) -> None:
     p.add_argument("--token-buckets", type=ints)
     p.add_argument("--row-buckets", type=ints)
     p.add_argument("--candidate-buckets", type=ints)
+    p.add_argument(
+        "--whole-last-layer",
+        action="store_true",
+        help="EngineConfig.readout_only_last_layer=False (no tail executables; readouts per T)",
+    )
     args = p.parse_args(argv)
     jax.config.update("jax_compilation_cache_dir", args.cache)  # before Engine enables it
     config = PRESETS[args.preset]
@@ -91,6 +101,7 @@ def main(argv=None) -> None:
         "token_buckets": list(e.token_buckets),
         "row_buckets": list(e.row_buckets),
         "candidate_buckets": list(e.candidate_buckets),
+        "readout_only_last_layer": e.readout_only_last_layer,
         "cache_files_before": cached_before,
         **compile_all(engine),
     }
