@@ -43,12 +43,13 @@ class Forest:
     def add_segment(self, ids: tuple[int, ...], parent: int, start: int, cacheable: bool) -> int:
         """The segment for ids under parent; an identical one is reused."""
         assert ids, "a segment has at least one token"
-        key = (parent, tuple(map(int, ids)))  # map, not a generator: a 4K-token state per step
-        if key in self._index:
-            return self._index[key]
-        self.segments.append(Segment(key[1], parent, start, cacheable))
-        self._index[key] = len(self.segments) - 1
-        return len(self.segments) - 1
+        # A tuple is kept as it is: converting a 4K-token state id by id cost ~0.3 ms of every
+        # step's host work (numpy integers in it hash and compare as the ints they hold).
+        tokens = ids if type(ids) is tuple else tuple(map(int, ids))
+        index = self._index.setdefault((parent, tokens), len(self.segments))  # one hash
+        if index == len(self.segments):
+            self.segments.append(Segment(tokens, parent, start, cacheable))
+        return index
 
     def add_row(self, seg: int, offset: int, candidates: list[int], use_lse: bool) -> int:
         self.row_at.append((seg, offset))

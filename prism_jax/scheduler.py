@@ -67,40 +67,56 @@ def release(placements: list[Placement], cache: PrefixCache, completed: bool) ->
 
 @dataclasses.dataclass(frozen=True)
 class StepPlan:
-    work: list[tuple[int, int]]  # (segment, offset) of each token computed in the step
+    # (segment, first offset, count) of the tokens computed in the step, in step order: a step
+    # is a contiguous cut of the forest's tokens, so each segment is one run of it.
+    runs: list[tuple[int, int, int]]
     written: dict[int, int]  # segment -> tokens written by the end of the step
     rows: list[int]  # forest readout rows whose token is computed in this step
 
+    @property
+    def work(self) -> list[tuple[int, int]]:
+        """(segment, offset) of each token computed in the step."""
+        return [(seg, off + i) for seg, off, count in self.runs for i in range(count)]
+
+    @property
+    def tokens(self) -> int:
+        return sum(count for _, _, count in self.runs)
+
 
 def plan_steps(forest: Forest, placements: list[Placement], chunk: int) -> list[StepPlan]:
-    """The tokens to compute, in segment order, cut into steps of at most `chunk` tokens."""
+    """The tokens to compute, in segment order, cut into steps of at most `chunk` tokens.
+    Whole runs of a segment at a time (no per-token Python: this is on every step's path)."""
     assert chunk >= 1, f"chunk must be >= 1, got {chunk}"
-    work = [
-        (i, j)
-        for i, (seg, p) in enumerate(zip(forest.segments, placements, strict=True))
-        if p.computed
-        for j in range(len(seg.tokens))
+    base: dict[int, int] = {}  # computed segment -> its first token's index in the cut order
+    runs: list[list[tuple[int, int, int]]] = []
+    total = 0
+    for i, (seg, p) in enumerate(zip(forest.segments, placements, strict=True)):
+        if not p.computed:
+            continue
+        base[i] = total
+        off, n = 0, len(seg.tokens)
+        while off < n:
+            if total % chunk == 0:
+                runs.append([])
+            count = min(n - off, chunk - total % chunk)
+            runs[-1].append((i, off, count))
+            off, total = off + count, total + count
+    rows: list[list[tuple[int, int]]] = [[] for _ in runs]
+    for r, (seg, off) in enumerate(forest.row_at):
+        assert seg in base, f"readout row {r} is in segment {seg}, which is not computed"
+        at = base[seg] + off
+        rows[at // chunk].append((at, r))
+    steps = [
+        StepPlan(part, {seg: off + count for seg, off, count in part}, [r for _, r in sorted(x)])
+        for part, x in zip(runs, rows, strict=True)
     ]
-    rows_at: dict[tuple[int, int], list[int]] = {}
-    for r, at in enumerate(forest.row_at):
-        rows_at.setdefault(at, []).append(r)
-    steps = []
-    for lo in range(0, len(work), chunk):
-        part = work[lo : lo + chunk]
-        written: dict[int, int] = {}
-        for seg, off in part:
-            written[seg] = off + 1
-        rows = [r for at in part for r in rows_at.get(at, [])]
-        steps.append(StepPlan(part, written, rows))
     assert sum(len(s.rows) for s in steps) == len(forest.row_at), "every row is read once"
     return steps
 
 
 def _chain_tables(forest, placements, plan: StepPlan, c: int, s: int, pt: int):
     chains, chain_index = [], {}
-    for seg, _ in plan.work:
-        if seg in chain_index:
-            continue
+    for seg, _, _ in plan.runs:  # one run per segment
         chain_index[seg] = len(chains)
         chain = []
         for a in forest.chain(seg):
@@ -120,9 +136,8 @@ def step_arrays(
     min_tokens: int = 0,
 ) -> dict[str, np.ndarray]:
     """One step padded to its buckets (at least the bucket of min_tokens): tokens, tables,
-    and readout rows / candidates."""
-    n = len(plan.work)
-    t = bucket(max(n, min_tokens), engine.token_buckets, "tokens in one step")
+    and readout rows / candidates. Filled a segment run at a time."""
+    t = bucket(max(plan.tokens, min_tokens), engine.token_buckets, "tokens in one step")
     page_size = engine.page_size
     segs, flat, chain_index = _chain_tables(
         forest, placements, plan, t, engine.chain_depth, num_pages
@@ -131,13 +146,18 @@ def step_arrays(
     positions = np.full(t, -1, np.int32)
     chain_of = np.full(t, -1, np.int32)
     slot = np.full(t, DUMMY_PAGE * page_size, np.int32)
-    index_of = {}
-    for i, (seg, off) in enumerate(plan.work):
-        s = forest.segments[seg]
-        tokens[i], positions[i] = s.tokens[off], s.start + off
-        chain_of[i] = chain_index[seg]
-        slot[i] = placements[seg].pages[off // page_size] * page_size + off % page_size
-        index_of[(seg, off)] = i
+    first_of = {}  # segment -> step index of its offset 0 (its run may start later)
+    at = 0
+    for seg, off, count in plan.runs:
+        s, end = forest.segments[seg], at + count
+        offsets = np.arange(off, off + count)
+        tokens[at:end] = s.tokens[off : off + count]
+        positions[at:end] = s.start + offsets
+        chain_of[at:end] = chain_index[seg]
+        pages = np.asarray(placements[seg].pages, np.int64)
+        slot[at:end] = pages[offsets // page_size] * page_size + offsets % page_size
+        first_of[seg] = at - off
+        at = end
     out = dict(
         tokens=tokens,
         positions=positions,
@@ -146,6 +166,9 @@ def step_arrays(
         chain_segments=segs,
         pages_flat=flat,
     )
+    index_of = {
+        (seg, off): first_of[seg] + off for seg, off in (forest.row_at[r] for r in plan.rows)
+    }
     out.update(readout_arrays(forest, plan.rows, index_of, engine))
     return out
 

@@ -67,7 +67,7 @@ def pack_chains(
     first_of: dict[tuple, int] = {}
     for i, chain in enumerate(chains):
         for j, (start, length, pages) in enumerate(chain):
-            key = (int(start), int(length), tuple(int(p) for p in pages))
+            key = (int(start), int(length), tuple(map(int, pages)))
             if key not in first_of:
                 first_of[key] = len(flat)
                 flat.extend(key[2])
