@@ -5,6 +5,7 @@ layers.py for the three precisions."""
 from prism_jax.model.attention_backends import PagedTables
 from prism_jax.model.hf_weights import check_hf_tensors, hf_tensor_shapes, params_from_hf
 from prism_jax.model.layers import PRECISIONS
+from prism_jax.model.random_weights import init_random
 from prism_jax.model.readout import (
     candidate_head,
     candidate_readout,
@@ -21,7 +22,6 @@ from prism_jax.model.transformer import (
     forward,
     forward_paged,
     forward_paged_part,
-    init_random,
 )
 
 __all__ = [
