@@ -5,7 +5,11 @@ from __future__ import annotations
 import os
 import secrets
 
-import jax
+# pytest-xdist workers share one GPU: each would otherwise preallocate most of its memory and
+# the others fail with out-of-memory errors (benchmarks/gpu_suite.sh sets the same).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax  # noqa: E402 (after the allocator setting)
 import numpy as np
 import pytest
 
