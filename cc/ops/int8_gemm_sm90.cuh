@@ -23,6 +23,7 @@
 #include <type_traits>
 
 #include "cc/ops/int8_gemm_kernels.h"
+#include "cc/ops/int8_gemm_sm90_barrier.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -191,6 +192,12 @@ struct Gemm {
     if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorNotSupported;
     // Too little workspace (a forced kernel the caller did not size for): refuse before launch.
     if (Adapter::get_workspace_size(args) > workspace_bytes) return cudaErrorNotSupported;
+    if constexpr (Cfg::kStreamK) {  // PRISM_INT8_GEMM_BARRIER=kernel (int8_gemm_sm90_barrier.cuh)
+      size_t offset = 0, bytes = 0;
+      if (BarrierZeroedByKernel() && BarrierRegion<Kernel>(args, &offset, &bytes)) {
+        return RunWithZeroedBarriers<Kernel, Adapter>(args, workspace, offset, bytes, stream);
+      }
+    }
     if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) {
       return cudaErrorNotSupported;
     }
