@@ -30,13 +30,11 @@
 namespace prism {
 namespace sm90 {
 
-// Whether PRISM_INT8_GEMM_BARRIER=kernel asks for this path (read once per process).
+// Whether PRISM_INT8_GEMM_BARRIER=kernel asks for this path. Read at every call, as the other
+// PRISM_INT8_GEMM_* overrides are, so that tests can switch it within one process.
 inline bool BarrierZeroedByKernel() {
-  static const bool on = [] {
-    const char* v = std::getenv("PRISM_INT8_GEMM_BARRIER");
-    return v != nullptr && std::strcmp(v, "kernel") == 0;
-  }();
-  return on;
+  const char* v = std::getenv("PRISM_INT8_GEMM_BARRIER");
+  return v != nullptr && std::strcmp(v, "kernel") == 0;
 }
 
 namespace {  // every sm90 translation unit gets its own kernel (no duplicate host stubs)

@@ -252,12 +252,17 @@ STREAMK_SHAPES = [(256, 4112, 392), (130, 21504, 264), (40, 5392, 1032)]
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("barrier", ["", "kernel"])  # PRISM_INT8_GEMM_BARRIER: who zeroes flags
 @pytest.mark.parametrize("kernel,decomposition", STREAMK_KERNELS)
 @pytest.mark.parametrize("m,k,n", STREAMK_SHAPES)
-def test_stream_k_partial_sums_exact(gpu, rng, monkeypatch, kernel, decomposition, m, k, n):
+def test_stream_k_partial_sums_exact(
+    gpu, rng, monkeypatch, kernel, decomposition, m, k, n, barrier
+):
     monkeypatch.setenv("PRISM_INT8_GEMM_KERNEL", kernel)
     monkeypatch.setenv("PRISM_INT8_GEMM_DECOMP", decomposition)
+    monkeypatch.setenv("PRISM_INT8_GEMM_BARRIER", barrier)
     kernel += f"+{decomposition}" if decomposition else ""
+    kernel += f", barrier flags by {barrier}" if barrier else ""
     needed = workspace_bytes(m, k, n, jnp.float32)
     assert needed > 1, f"{kernel} at {(m, k, n)} wants no workspace: stream-K would not split"
     x, w = random_int8(rng, (m, k), extreme=True), random_int8(rng, (n, k), extreme=True)
