@@ -88,13 +88,10 @@ def make_table_fn(config: ModelConfig, full_vocab: bool = True, page_size: int =
 
     def table(params: model.Params, batch: Mapping[str, jax.Array]) -> jax.Array:
         pool = init_kv_pool(config, batch["pages_flat"].shape[0] + 1, page_size, params.precision)
-        tokens, rows = batch["tokens"], batch["rows"]
-        # The last layer only for the readout rows (the same bits) when they are fewer.
-        if rows.shape[0] < tokens.shape[0]:
-            hidden, _ = model.forward_paged(params, config, pool, tokens, paged_tables(batch), rows)
-            rows = jnp.arange(rows.shape[0], dtype=jnp.int32)
-        else:
-            hidden, _ = model.forward_paged(params, config, pool, tokens, paged_tables(batch))
+        # hidden [R, D] at the readout rows: the last layer only for them (the same bits).
+        tokens, tables = batch["tokens"], paged_tables(batch)
+        hidden, _ = model.forward_paged(params, config, pool, tokens, tables, batch["rows"])
+        rows = jnp.arange(hidden.shape[0], dtype=jnp.int32)
         logits, logprobs = readout(
             params, config, hidden, rows, batch["cand_ids"], batch["cand_counts"]
         )

@@ -87,13 +87,9 @@ class Runner:
                 full[i] = leaf
             params = jax.tree.unflatten(tree, full)
             out_rows = None if rows is None else a["out_rows"][:rows]
-            # As many rows as tokens or more (repeated questions on a cached state): the
-            # whole layer is the cheaper way to the same bits.
-            prune = out_rows is not None and rows < a["tokens"].shape[0]
-            out, kv = model.forward_paged_part(
-                params, config, kv, a["tokens"], carry, tables, layers, out_rows if prune else None
+            return model.forward_paged_part(
+                params, config, kv, a["tokens"], carry, tables, layers, out_rows
             )
-            return (out[out_rows] if out_rows is not None and not prune else out), kv
 
         return jax.jit(fwd, donate_argnums=1)
 
@@ -131,18 +127,11 @@ class Runner:
         a readout left out here would compile on first use, in the middle of serving.
         Readouts are keyed by hidden's rows: T, or R with the tail (then R' <= R lse rows)."""
         e = self.engine
-        keys: list[tuple] = [("forward", t) for t in e.token_buckets]
-        if self.tail:  # as step_keys, with lse rows R' <= R
-            keys += [("tail", t, r) for t, r in itertools.product(e.token_buckets, e.row_buckets)]
-            keys += [("readout", r, r, c) for r in e.row_buckets for c in e.candidate_buckets]
-            keys += [("lse", r, x) for r in e.row_buckets for x in e.row_buckets if x <= r]
-            return keys
-        keys += [
-            ("readout", t, r, c)
-            for t, r, c in itertools.product(e.token_buckets, e.row_buckets, e.candidate_buckets)
-        ]
-        keys += [("lse", t, r) for t, r in itertools.product(e.token_buckets, e.row_buckets)]
-        return keys
+        steps = itertools.product(e.token_buckets, e.row_buckets, e.candidate_buckets)
+        keys = list(dict.fromkeys(k for t, r, c in steps for k in self.step_keys(t, r, c)))
+        hidden_rows = e.row_buckets if self.tail else e.token_buckets
+        lse_rows = [(h, x) for h in hidden_rows for x in e.row_buckets if not self.tail or x <= h]
+        return keys + [("lse", h, x) for h, x in lse_rows]
 
     def step_keys(self, t: int, r: int, c: int | None) -> list[tuple]:
         """The executables a step of bucketed t tokens and r readout rows runs, with its

@@ -210,11 +210,16 @@ class Transformer(nnx.Module):
         the run each layer's MLP output goes to the next layer with its post-norm pending
         (fused into that layer's input norm); the run's last applies its own, so a run's
         (h, delta) is the same whatever runs a forward is cut into (forward_parts.py).
-        `rows`: the run's last layer carries only those tokens on (R rows out)."""
+        `rows`: the run's last layer carries only those tokens on (R rows out). With as many
+        rows as tokens or more (repeated questions on a cached state) the whole layer is the
+        cheaper way to the same bits, so it runs whole and its output is gathered."""
+        prune = rows is not None and rows.shape[0] < h.shape[0]
         for i in layers:
             pending = self.layers[i - 1].post_mlp_norm if i > layers.start else None
-            only = rows if i == layers.stop - 1 else None
+            only = rows if prune and i == layers.stop - 1 else None
             h, delta = self.layers[i](h, delta, positions, attention, pending, only)
+        if rows is not None and not prune:
+            h, delta = h[rows], delta[rows]
         last = self.layers[layers.stop - 1].post_mlp_norm
         return h, (last(delta) if last is not None else delta)
 
@@ -318,8 +323,9 @@ def forward_paged(
       tables: slot / positions / chain tables of the step (scheduler.step_arrays).
       rows: optional int32 [R] token indices (repeats allowed): the hidden states the step
         reads out. The last layer then writes every token's k/v but computes its attention
-        output, MLP and final norm for these R tokens only: the same bits as the full
-        hidden's rows (hidden[rows]), for 1 / num_layers of the work on the other tokens.
+        output, MLP and final norm for these R tokens only (when R < T; else it runs whole):
+        the same bits as the full hidden's rows (hidden[rows]), for 1 / num_layers of the
+        work on the other tokens.
 
     Returns:
       (final-normed hidden [T, D] or [R, D], the pools with this step's k/v written). A

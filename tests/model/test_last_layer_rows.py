@@ -81,14 +81,15 @@ def test_rows_keep_the_whole_layers_bits(name, device, rng):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
-def test_masked_forward_rows_are_the_whole_forwards_rows(precision, rng):
+@pytest.mark.parametrize("r", [5, 25])  # 25 > T: the whole last layer, then its rows
+def test_masked_forward_rows_are_the_whole_forwards_rows(precision, r, rng):
     config = ModelConfig.from_hf_config(TINY_HF_CONFIGS["gemma3"])
     params = init_random(config, precision, seed=int(rng.integers(1 << 30)))
     t = 20
     tokens = jnp.asarray(rng.integers(0, config.vocab_size, t), jnp.int32)
     positions = jnp.arange(t, dtype=jnp.int32)
     mask = jnp.tril(jnp.ones((t, t), bool))
-    rows = jnp.asarray(rng.choice(t, 5), jnp.int32)
+    rows = jnp.asarray(rng.choice(t, r), jnp.int32)
     fwd = jax.jit(forward, static_argnames="config")
     whole = np.asarray(fwd(params, config, tokens, positions, mask))
     got = np.asarray(fwd(params, config, tokens, positions, mask, rows))
