@@ -43,8 +43,9 @@ class Forest:
     def add_segment(self, ids: tuple[int, ...], parent: int, start: int, cacheable: bool) -> int:
         """The segment for ids under parent; an identical one is reused."""
         assert ids, "a segment has at least one token"
-        # A tuple is kept as it is: converting a 4K-token state id by id cost ~0.3 ms of every
-        # step's host work (numpy integers in it hash and compare as the ints they hold).
+        # A tuple is kept as it is: converting a 4K-token state id by id put a Python call per
+        # token into every step's host work (numpy integers in a tuple hash and compare as the
+        # ints they hold).
         tokens = ids if type(ids) is tuple else tuple(map(int, ids))
         index = self._index.setdefault((parent, tokens), len(self.segments))  # one hash
         if index == len(self.segments):
