@@ -33,10 +33,10 @@
 #                                 ending in -whole (one-whole) with --whole-last-layer (the
 #                                 last layer for every token), one ending in -dp (one-dp) with
 #                                 PRISM_INT8_GEMM_DECOMP=d (stream-K tiles data-parallel: no
-#                                 barrier memset before them), one ending in -zk (one-zk) with
-#                                 PRISM_INT8_GEMM_BARRIER=kernel (stream-K's barrier flags
-#                                 cleared by a kernel instead of the memset); these suffixes
-#                                 combine (one-zk-whole)
+#                                 barrier memset before them), one ending in -ms (one-ms) with
+#                                 PRISM_INT8_GEMM_BARRIER=memset (stream-K's barrier flags
+#                                 cleared by CUTLASS's memset, not our kernel); these suffixes
+#                                 combine (one-ms-whole)
 #   ATTN_BENCH=1                  then run benchmarks/attention_bench.py (tree_attention vs the
 #                                 run's ceilings and XLA; $OUT/attention.jsonl, attention.md),
 #                                 extra arguments in ATTN_ARGS (e.g. "--dtypes f32"), interrupted
@@ -130,7 +130,7 @@ if [ "${E2E:-0}" != 0 ]; then
     case "$digits" in *-b8*) batch=8 ;; esac
     case "$digits" in *-lean[248] | *-reg[1248]) norm=${digits##*-} ;; esac
     case "$digits" in *-dp*) decomp=d ;; esac
-    case "$digits" in *-zk*) barrier=kernel ;; esac
+    case "$digits" in *-ms*) barrier=memset ;; esac
     # Both 27B models (int8 28-56 GB, bf16 ~54 GB) and the KV pool live on the card at once.
     # shellcheck disable=SC2086 (E2E_ARGS is a list of arguments)
     PRISM_TREE_ATTENTION_MERGE_BATCH=$batch PRISM_RMSNORM_KERNEL=$norm \

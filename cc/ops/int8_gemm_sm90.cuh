@@ -183,7 +183,8 @@ struct Gemm {
   }
 
   // workspace: WorkspaceBytes() bytes or more, owned by the caller (an XLA result, so the call
-  // stays capturable in a command buffer); CUTLASS zeroes its barriers with cudaMemsetAsync.
+  // stays capturable in a command buffer); its barrier flags are zeroed by a kernel of ours, or
+  // by CUTLASS's cudaMemsetAsync under PRISM_INT8_GEMM_BARRIER=memset.
   static cudaError_t Run(cudaStream_t stream, const int8_t* x, const float* sx, const int8_t* w,
                          const float* sw, ElementD* y, int64_t m, int64_t k, int64_t n,
                          void* workspace, size_t workspace_bytes, Sm90Order order) {
@@ -192,7 +193,7 @@ struct Gemm {
     if (gemm.can_implement(args) != cutlass::Status::kSuccess) return cudaErrorNotSupported;
     // Too little workspace (a forced kernel the caller did not size for): refuse before launch.
     if (Adapter::get_workspace_size(args) > workspace_bytes) return cudaErrorNotSupported;
-    if constexpr (Cfg::kStreamK) {  // PRISM_INT8_GEMM_BARRIER=kernel (int8_gemm_sm90_barrier.cuh)
+    if constexpr (Cfg::kStreamK) {  // int8_gemm_sm90_barrier.cuh, unless ..._BARRIER=memset
       size_t offset = 0, bytes = 0;
       if (BarrierZeroedByKernel() && BarrierRegion<Kernel>(args, &offset, &bytes)) {
         return RunWithZeroedBarriers<Kernel, Adapter>(args, workspace, offset, bytes, stream);

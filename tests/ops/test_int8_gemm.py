@@ -252,7 +252,7 @@ STREAMK_SHAPES = [(256, 4112, 392), (130, 21504, 264), (40, 5392, 1032)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("barrier", ["", "kernel"])  # PRISM_INT8_GEMM_BARRIER: who zeroes flags
+@pytest.mark.parametrize("barrier", ["", "memset"])  # PRISM_INT8_GEMM_BARRIER: who zeroes flags
 @pytest.mark.parametrize("kernel,decomposition", STREAMK_KERNELS)
 @pytest.mark.parametrize("m,k,n", STREAMK_SHAPES)
 def test_stream_k_partial_sums_exact(
