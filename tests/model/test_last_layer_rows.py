@@ -59,8 +59,9 @@ def _assert_same(got, want, precision: str, platform: str, what: str) -> None:
         assert_bitwise_equal(got, want, what)
         return
     tol = FLOAT_TOLERANCE[precision]
-    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
-                               rtol=tol, atol=tol, err_msg=what)
+    np.testing.assert_allclose(
+        np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=tol, atol=tol, err_msg=what
+    )
 
 
 def _step(device, config, params, arrays, rows):
