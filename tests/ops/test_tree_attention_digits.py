@@ -24,7 +24,7 @@ from prism_jax.ops.tree_attention_digits import (
     unpack_digit_rows,
 )
 from tests.conftest import assert_bitwise_equal
-from tests.ops.test_tree_attention import (
+from tests.ops.tree_attention_world import (
     L,
     P,
     Pool,

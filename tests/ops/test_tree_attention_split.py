@@ -18,7 +18,7 @@ from prism_jax.ops.tree_attention import (
     SPLIT_TABLE_FLOATS,
     split_workspace_floats,
 )
-from tests.ops.test_tree_attention import (
+from tests.ops.tree_attention_world import (
     L,
     P,
     Pool,
