@@ -38,9 +38,9 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from bench_common import commit, stats, timed  # benchmarks/ is sys.path[0] as a script
+from e2e_baseline import Baseline, baseline_requests, measure_baseline
 from e2e_report import render
 
 from prism_jax import model
@@ -145,42 +145,6 @@ def engine_steps(s: Scenario, chunk: int) -> list[tuple[int, int]]:
     return [(tokens, len(q))]
 
 
-# --- the generic baseline ---------------------------------------------------------------------
-
-
-class Baseline:
-    """One request: causal forward over the full prompt, full-vocabulary softmax of the last
-    token, the options' probabilities renormalised; compiled ahead of time per prompt length."""
-
-    def __init__(self, params: model.Params, config: ModelConfig) -> None:
-        def fn(params, tokens, options):
-            t = tokens.shape[0]
-            positions = jnp.arange(t, dtype=jnp.int32)
-            mask = jnp.tril(jnp.ones((t, t), jnp.bool_))  # (T, T)
-            hidden = model.forward(params, config, tokens, positions, mask)  # (T, D)
-            logits = model.full_logits(params, config, hidden[-1:])[0]  # (V,)
-            return jax.nn.softmax(jax.nn.log_softmax(logits)[options])
-
-        self.params, self._jit, self._compiled = params, jax.jit(fn), {}
-
-    def compile(self, t: int, o: int) -> None:
-        spec = jax.ShapeDtypeStruct
-        lowered = self._jit.lower(self.params, spec((t,), jnp.int32), spec((o,), jnp.int32))
-        self._compiled[(t, o)] = lowered.compile()
-
-    def __call__(self, tokens: np.ndarray, options: np.ndarray) -> np.ndarray:
-        """Host probabilities [O] (synchronous)."""
-        run = self._compiled[(len(tokens), len(options))]
-        return np.asarray(run(self.params, tokens, options))
-
-
-def baseline_requests(s: Scenario) -> list[tuple[np.ndarray, np.ndarray]]:
-    return [
-        (np.asarray(q.prefix + q.branch, np.int32), np.asarray([o[0] for o in q.options], np.int32))
-        for q in s.questions
-    ]
-
-
 # --- timing -----------------------------------------------------------------------------------
 
 
@@ -244,18 +208,6 @@ def measure(engine: Engine, baseline, s: Scenario, runs: int, chunk: int) -> dic
         "target_ms": TARGET_MS[s.name],
         "prism_published_ms": PRISM_MS[s.name],
     }
-
-
-def measure_baseline(baseline: Baseline, s: Scenario, runs: int, result) -> dict:
-    requests = baseline_requests(s)
-    for tokens, options in requests:  # warm-up
-        baseline(tokens, options)
-    t_base, base_probs = timed(lambda: [baseline(t, o) for t, o in requests], runs)
-    diff = max(
-        float(np.max(np.abs(np.asarray(p) - b)))
-        for p, b in zip(result.probabilities, base_probs, strict=True)
-    )
-    return {"stats": stats(t_base), "tokens": [len(t) for t, _ in requests], "diff": diff}
 
 
 # --- per-op split (--profile) -----------------------------------------------------------------
