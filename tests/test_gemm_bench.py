@@ -13,6 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gemm_bench.py"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import gemm_bench  # noqa: E402
+import gemm_report  # noqa: E402
 
 
 def test_forced_env_names_kernel_and_tile_order():
@@ -93,6 +94,6 @@ def test_device_table_against_cublaslt_events():
          "device_weight_tbps": 2.75},
         {**base, "impl": "cublaslt", "median_us": 22.5},
     ]  # fmt: skip
-    table = gemm_bench.device_table(rows)
+    table = gemm_report.device_table(rows)
     assert "| qkv | 64 | 15.0 | 376 | 2.94 | 16.0 | 352 | 22.5 | 1.50x |" in table
-    assert gemm_bench.device_table([r for r in rows if r["impl"] == "cublaslt"]) == ""
+    assert gemm_report.device_table([r for r in rows if r["impl"] == "cublaslt"]) == ""
