@@ -36,7 +36,8 @@
 #                                 barrier memset before them), one ending in -ms (one-ms) with
 #                                 PRISM_INT8_GEMM_BARRIER=memset (stream-K's barrier flags
 #                                 cleared by CUTLASS's memset, not our kernel); these suffixes
-#                                 combine (one-ms-whole)
+#                                 combine (one-ms-whole); a mode listed twice runs twice,
+#                                 into e2e_<mode> and e2e_<mode>.2
 #   ATTN_BENCH=1                  then run benchmarks/attention_bench.py (tree_attention vs the
 #                                 run's ceilings and XLA; $OUT/attention.jsonl, attention.md),
 #                                 extra arguments in ATTN_ARGS (e.g. "--dtypes f32"), interrupted
@@ -122,7 +123,12 @@ if [ "${E2E:-0}" != 0 ]; then
   for digits in ${E2E_DIGITS:-default}; do
     echo "## end-to-end decision benchmark ($digits)"
     dir=$OUT extra=""
-    if [ "$digits" != default ]; then dir=$OUT/e2e_$digits; mkdir -p "$dir"; fi
+    if [ "$digits" != default ]; then
+      dir=$OUT/e2e_$digits repeat=2
+      # A mode listed again (an A/B's ABBA order) keeps each run: e2e_one, e2e_one.2, ...
+      while [ -e "$dir" ]; do dir=$OUT/e2e_$digits.$repeat; repeat=$((repeat + 1)); done
+      mkdir -p "$dir"
+    fi
     case "$digits" in one*) extra=--single-digit ;; esac
     case "$digits" in *-attn*) extra="$extra --attention digits" ;; esac
     case "$digits" in *-whole*) extra="$extra --whole-last-layer" ;; esac
