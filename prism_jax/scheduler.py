@@ -74,11 +74,6 @@ class StepPlan:
     rows: list[int]  # forest readout rows whose token is computed in this step
 
     @property
-    def work(self) -> list[tuple[int, int]]:
-        """(segment, offset) of each token computed in the step."""
-        return [(seg, off + i) for seg, off, count in self.runs for i in range(count)]
-
-    @property
     def tokens(self) -> int:
         return sum(count for _, _, count in self.runs)
 

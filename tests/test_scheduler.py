@@ -44,7 +44,7 @@ def test_segments_root_trunk_branches_leaf():
 def test_chunks_cut_anywhere_and_read_every_row_once():
     _, forest, placements = _setup()
     steps = plan_steps(forest, placements, chunk=5)
-    assert [len(s.work) for s in steps] == [5, 5, 5, 2]
+    assert [s.tokens for s in steps] == [5, 5, 5, 2]
     assert sorted(r for s in steps for r in s.rows) == list(range(len(forest.row_at)))
     assert steps[0].written == {0: 3, 1: 2}  # the trunk is half written after step 0
     arrays = step_arrays(forest, placements, steps[1], CFG, num_pages=CFG.kv_pages)
@@ -65,7 +65,7 @@ def test_cache_hit_computes_only_the_branches():
     assert [p.computed for p in again] == [False, False, True, True, True]
     assert again[1].pages == placements[1].pages
     steps = plan_steps(forest, again, chunk=64)
-    assert len(steps) == 1 and len(steps[0].work) == 3 + 2 + 2
+    assert len(steps) == 1 and steps[0].tokens == 3 + 2 + 2
 
 
 def test_failed_run_gives_everything_back():

@@ -45,9 +45,14 @@ def reference_plan(forest, placements, chunk):
     return steps
 
 
+def work(plan) -> list[tuple[int, int]]:
+    """(segment, offset) of each token the step computes, from its runs."""
+    return [(seg, off + i) for seg, off, count in plan.runs for i in range(count)]
+
+
 def reference_arrays(forest, placements, plan, engine, num_pages):
     """step_arrays filled one token at a time."""
-    n, page_size = len(plan.work), engine.page_size
+    n, page_size = len(work(plan)), engine.page_size
     t = bucket(n, engine.token_buckets, "tokens in one step")
     segs, flat, chain_index = _chain_tables(
         forest, placements, plan, t, engine.chain_depth, num_pages
@@ -57,7 +62,7 @@ def reference_arrays(forest, placements, plan, engine, num_pages):
     chain_of = np.full(t, -1, np.int32)
     slot = np.full(t, DUMMY_PAGE * page_size, np.int32)
     index_of = {}
-    for i, (seg, off) in enumerate(plan.work):
+    for i, (seg, off) in enumerate(work(plan)):
         s = forest.segments[seg]
         tokens[i], positions[i] = s.tokens[off], s.start + off
         chain_of[i] = chain_index[seg]
@@ -97,7 +102,7 @@ def test_runs_match_the_token_by_token_reference(trial, rng):
         chunk = int(rng.choice([1, 3, 7, 16, 64, 256]))
         plans = plan_steps(forest, placements, chunk)
         want = reference_plan(forest, placements, chunk)
-        assert [(p.work, p.written, p.rows) for p in plans] == want, f"chunk {chunk}"
+        assert [(work(p), p.written, p.rows) for p in plans] == want, f"chunk {chunk}"
         for plan in plans:
             got = step_arrays_by_runs(forest, placements, plan, CFG, CFG.kv_pages)
             ref = reference_arrays(forest, placements, plan, CFG, CFG.kv_pages)
