@@ -2,7 +2,8 @@
 # One device call that A/Bs a kernel patch against main in the same machine start, then runs the
 # e2e suite with its baselines on main. Stages run in order, each only while DEADLINE seconds
 # (from the start) allow, so the call reports before the device tool's limit:
-#   1. main: build, then a traced one-digit e2e (per-kernel GPU time: OUTDIR/main/ab_one);
+#   1. main: build, then MAIN_TESTS (pytest targets; default none), then a traced e2e per
+#      digit mode in MAIN_TRACE (default "one"; per-kernel GPU time: OUTDIR/main/ab_<mode>);
 #   2. the patch (a carried file, e.g. `git show <commit> -- cc/ > .carry/x.patch`): applied,
 #      rebuilt, traced the same way (OUTDIR/patch/ab_one), then TESTS on it;
 #   3. main's extension back, the e2e with its generic BF16 baseline per digit mode in DIGITS
@@ -33,15 +34,25 @@ e2e() { # dir seconds args...
   echo "$dir rc=$? at $(el) s"
   rm -rf "$dir/trace"
 }
-traced=(--single-digit --runs 30 --no-baseline --trace)
-[ "$(left)" -gt 60 ] && e2e "$O/main/ab_one" 50 "${traced[@]}"
+traced=(--runs 30 --no-baseline --trace)
+digit_args() { [ "$1" = one ] && echo --single-digit; }
+if [ -n "${MAIN_TESTS:-}" ]; then
+  # shellcheck disable=SC2086 (MAIN_TESTS is a list of pytest targets)
+  timeout -s INT "${MAIN_TESTS_TIMEOUT:-120}" python3 -m pytest -q -n 4 -p no:cacheprovider \
+    $MAIN_TESTS 2>&1 | tail -8 >"$O/main/pytest.txt"
+  echo "main tests: $(tail -1 "$O/main/pytest.txt") at $(el) s"
+fi
+for mode in ${MAIN_TRACE:-one}; do
+  # shellcheck disable=SC2046 (digit_args is empty or one word)
+  [ "$(left)" -gt 60 ] && e2e "$O/main/ab_$mode" 60 "${traced[@]}" $(digit_args "$mode")
+done
 so=$(ls prism_jax/_prism_ops*.so)
 cp "$so" /tmp/main_ops.so
 if [ "$(left)" -gt 150 ]; then
   patch -p1 <"$patch_file" >"$O/patch/patch.log" 2>&1 &&
     cmake --build build/gpu -j 16 >"$O/patch/build.log" 2>&1 && cp build/gpu/_prism_ops*.so prism_jax/
   echo "patch build rc=$? at $(el) s"
-  [ "$(left)" -gt 60 ] && e2e "$O/patch/ab_one" 50 "${traced[@]}"
+  [ "$(left)" -gt 60 ] && e2e "$O/patch/ab_one" 50 "${traced[@]}" --single-digit
   t=$(($(left) - 200))
   [ "$t" -gt 90 ] && t=90
   # shellcheck disable=SC2086 (TESTS is a list of pytest targets)
@@ -54,8 +65,7 @@ modes=(${DIGITS:-two one})
 for i in "${!modes[@]}"; do
   digits=${modes[$i]}
   t=$((($(left) - 5) / (${#modes[@]} - i)))  # an even share of what is left for each mode
-  extra=()
-  [ "$digits" = one ] && extra=(--single-digit)
-  [ "$t" -gt 40 ] && e2e "$O/main/e2e_$digits" "$t" --runs "${RUNS:-10}" "${extra[@]}"
+  # shellcheck disable=SC2046 (digit_args is empty or one word)
+  [ "$t" -gt 40 ] && e2e "$O/main/e2e_$digits" "$t" --runs "${RUNS:-10}" $(digit_args "$digits")
 done
 echo "end at $(el) s"

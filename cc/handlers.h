@@ -14,6 +14,10 @@
   X("prism_norm_add_rmsnorm_quant", PrismNormAddRmsNormQuantCpu,               \
     PrismNormAddRmsNormQuantCuda)                                              \
   X("prism_norm_add_rmsnorm", PrismNormAddRmsNormCpu, PrismNormAddRmsNormCuda) \
+  X("prism_add_rmsnorm_quant_sum", PrismAddRmsNormQuantSumCpu,                 \
+    PrismAddRmsNormQuantSumCuda)                                               \
+  X("prism_norm_add_rmsnorm_quant_sum", PrismNormAddRmsNormQuantSumCpu,        \
+    PrismNormAddRmsNormQuantSumCuda)                                           \
   X("prism_glu_quant", PrismGluQuantCpu, PrismGluQuantCuda)                    \
   X("prism_glu_quant2", PrismGluQuant2Cpu, PrismGluQuant2Cuda)                 \
   X("prism_glu_quant2_sum", PrismGluQuant2SumCpu, PrismGluQuant2SumCuda)       \

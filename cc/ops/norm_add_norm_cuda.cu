@@ -4,6 +4,8 @@
 //                                   -> x_q s8 [M, D], s_x f32 [M],
 //                                      h = rmsnorm(x, x_gamma) + residual
 //   prism_norm_add_rmsnorm        x, residual [M, D], x_gamma, gamma [D]  -> y, h
+//   prism_norm_add_rmsnorm_quant_sum  the _quant form of a two-digit projection's partial
+//                                 products (norm_digits.h): x2 [2M, D], x_w2, residual [M, D]
 // The _quant form takes `digits` (norm_digits.h): 2 (f32) also writes the second digit.
 // What prism_rmsnorm(x, x_gamma) followed by prism_add_rmsnorm(_quant) computes, in one launch
 // where the split register kernel serves the row (NormSplitRowsKernel's kPre form: x's inverse
@@ -23,6 +25,7 @@
 #include "cc/ops/norm_launch.cuh"
 #include "cc/ops/norm_reg_rows.cuh"
 #include "cc/ops/norm_split_rows.cuh"
+#include "cc/ops/norm_sum_parts.cuh"
 
 namespace prism {
 namespace {
@@ -39,12 +42,16 @@ ffi::Error LaunchPreNorm(cudaStream_t stream, int64_t m, const NormArgs<T>& a, c
     LaunchSplitRowsFor<T, true>(stream, m, warps, lean, a);
     return LaunchStatus(op);
   }
-  NormArgs<T> norm_x = a;  // y = rmsnorm(x, x_gamma) into h
+  NormArgs<T> src = a;  // the partial-product form: their sum into h, then h is x
+  if (a.x_hi != nullptr) {
+    if (auto e = SumPartsIntoH(stream, m, &src, op); e.failure()) return e;
+  }
+  NormArgs<T> norm_x = src;  // y = rmsnorm(x, x_gamma) into h
   norm_x.residual = nullptr, norm_x.gamma = a.x_gamma, norm_x.x_gamma = nullptr;
   norm_x.h = nullptr, norm_x.y = a.h, norm_x.q = nullptr, norm_x.s = nullptr;
   norm_x.q2 = nullptr, norm_x.s2 = nullptr;
   if (auto e = LaunchNorm(stream, m, norm_x, op); e.failure()) return e;
-  NormArgs<T> add = a;  // h = h + residual in place, then the norm
+  NormArgs<T> add = src;  // h = h + residual in place, then the norm
   add.x = a.h, add.x_gamma = nullptr;
   return LaunchNorm(stream, m, add, op);
 }
@@ -107,6 +114,32 @@ ffi::Error NormAddRmsNormQuantCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::A
              s_x->typed_data(), eps, weight_offset, op, digits);
 }
 
+// x = x2[:M] + (x2[M:] + x_w2) (norm_digits.h), added in the split kernel's loads.
+ffi::Error NormAddRmsNormQuantSumCuda(cudaStream_t stream, ffi::AnyBuffer x2,
+                                      ffi::AnyBuffer x_w2, ffi::AnyBuffer residual,
+                                      ffi::BufferR1<ffi::F32> x_gamma,
+                                      ffi::BufferR1<ffi::F32> gamma,
+                                      ffi::Result<ffi::BufferR2<ffi::S8>> x_q,
+                                      ffi::Result<ffi::BufferR1<ffi::F32>> s_x,
+                                      ffi::Result<ffi::AnyBuffer> h, float eps,
+                                      float weight_offset, int32_t digits) {
+  const char* op = "prism_norm_add_rmsnorm_quant_sum";
+  if (auto e = CheckNormSumParts(x2, x_w2, op); e.failure()) return e;
+  if (auto e = CheckNormDigits(x_w2, x_q->dimensions(), s_x->dimensions(), digits, op);
+      e.failure()) {
+    return e;
+  }
+  if (auto e = Check(x_w2, residual, x_gamma, gamma, op); e.failure()) return e;
+  const int64_t m = x_w2.dimensions()[0];
+  NormArgs<float> a = Args<float>(x_w2, residual, x_gamma, gamma, h->untyped_data(), nullptr,
+                                  x_q->typed_data(), s_x->typed_data(), eps, weight_offset);
+  a.x = x2.reinterpret_data<float>();
+  a.x_hi = a.x + m * a.d;
+  a.x_w2 = x_w2.reinterpret_data<float>();
+  if (digits == 2) a.q2 = a.q + m * a.d, a.s2 = a.s + m;
+  return LaunchPreNorm(stream, m, a, op);
+}
+
 ffi::Error NormAddRmsNormCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer residual,
                               ffi::BufferR1<ffi::F32> x_gamma, ffi::BufferR1<ffi::F32> gamma,
                               ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> h,
@@ -131,6 +164,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismNormAddRmsNormQuantCuda, prism::NormAddRmsNor
                                   .Arg<ffi::BufferR1<ffi::F32>>()  // gamma [D]
                                   .Ret<ffi::BufferR2<ffi::S8>>()   // x_q [M, D]
                                   .Ret<ffi::BufferR1<ffi::F32>>()  // s_x [M]
+                                  .Ret<ffi::AnyBuffer>()            // h
+                                  .Attr<float>("eps")
+                                  .Attr<float>("weight_offset")
+                                  .Attr<int32_t>("digits"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismNormAddRmsNormQuantSumCuda, prism::NormAddRmsNormQuantSumCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()            // x2 [2M, D] f32
+                                  .Arg<ffi::AnyBuffer>()            // x_w2 [M, D] f32
+                                  .Arg<ffi::AnyBuffer>()            // residual [M, D] f32
+                                  .Arg<ffi::BufferR1<ffi::F32>>()  // x_gamma [D]
+                                  .Arg<ffi::BufferR1<ffi::F32>>()  // gamma [D]
+                                  .Ret<ffi::BufferR2<ffi::S8>>()   // x_q [digits * M, D]
+                                  .Ret<ffi::BufferR1<ffi::F32>>()  // s_x [digits * M]
                                   .Ret<ffi::AnyBuffer>()            // h
                                   .Attr<float>("eps")
                                   .Attr<float>("weight_offset")

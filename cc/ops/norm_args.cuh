@@ -34,6 +34,11 @@ struct NormArgs {
   // remainder y - code * s quantised with its own scale, as prism_quantize_rows writes it.
   int8_t* q2 = nullptr;
   float* s2 = nullptr;
+  // A two-digit projection's partial products as x (prism_*add_rmsnorm_quant_sum, f32 only):
+  // the row normalises x + (x_hi + x_w2) rounded to T, Int8Linear's order, where x and x_hi are
+  // the halves of the stacked [x1 W1; x2 W1] rows and x_w2 is x1 W2. Null: x as it is.
+  const T* x_hi = nullptr;
+  const T* x_w2 = nullptr;
 };
 
 // One chunk's remainders after the first digit (quantize_rows' QuantRemainder of each code),
@@ -62,7 +67,7 @@ template <typename T>
 bool FullChunks(const NormArgs<T>& a) {
   auto ok = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
   return a.d % kVec == 0 && ok(a.x) && ok(a.residual) && ok(a.gamma) && ok(a.h) && ok(a.y) &&
-         ok(a.q);
+         ok(a.q) && ok(a.x_hi) && ok(a.x_w2);
 }
 
 }  // namespace prism

@@ -6,6 +6,8 @@
 //   prism_norm_add_rmsnorm_quant, prism_norm_add_rmsnorm: the two above with x_gamma [D] after
 //                            residual: h = rmsnorm(x, x_gamma) (rounded to x's dtype) + residual
 //                            (Gemma's post-norm fused in front of the next norm)
+//   prism_add_rmsnorm_quant_sum, prism_norm_add_rmsnorm_quant_sum: the _quant forms of a
+//                            two-digit projection's partial products (norm_digits.h)
 // y = (h * inverse_rms) * (weight_offset + gamma); weight_offset is 1 for Gemma's (1 + γ).
 // The quantising ones take `digits` (norm_digits.h): 2 writes y's second digit too, x_q
 // [2M, D] and s_x [2M], as prism_quantize_rows(y, digits=2).
@@ -196,10 +198,93 @@ ffi::Error NormAddRmsNormCpu(ffi::AnyBuffer x, ffi::AnyBuffer residual,
                  "prism_norm_add_rmsnorm");
 }
 
+// The _sum forms (norm_digits.h): x = x2[:M] + (x2[M:] + x_w2), rounded add by add as XLA
+// adds Int8Linear's partial products, then the add_* form on it; x_gamma may be null.
+ffi::Error AddNormSum(const ffi::AnyBuffer& x2, const ffi::AnyBuffer& x_w2,
+                      const ffi::AnyBuffer& residual, const ffi::BufferR1<ffi::F32>* x_gamma,
+                      const ffi::BufferR1<ffi::F32>& gamma, ffi::Result<ffi::BufferR2<ffi::S8>> q,
+                      ffi::Result<ffi::BufferR1<ffi::F32>> s, ffi::Result<ffi::AnyBuffer> h,
+                      float eps, float weight_offset, int32_t digits, const char* op) {
+  if (auto e = CheckNormSumParts(x2, x_w2, op); e.failure()) return e;
+  if (auto e = CheckRows(x_w2, gamma, op); e.failure()) return e;
+  if (auto e = CheckNormDigits(x_w2, q->dimensions(), s->dimensions(), digits, op);
+      e.failure()) {
+    return e;
+  }
+  const std::string name(op);
+  PRISM_REQUIRE(residual.element_type() == ffi::DataType::F32 &&
+                    residual.element_count() == x_w2.element_count(),
+                name + ": residual must match x_w2 in shape and dtype");
+  PRISM_REQUIRE(h->element_type() == ffi::DataType::F32 &&
+                    h->element_count() == x_w2.element_count(),
+                name + ": h must match x_w2 in shape and dtype");
+  PRISM_REQUIRE(x_gamma == nullptr || x_gamma->dimensions()[0] == x_w2.dimensions()[1],
+                name + ": x_gamma must be [D]");
+  const int64_t m = x_w2.dimensions()[0], d = x_w2.dimensions()[1];
+  const float* lo = Data<float>(x2);
+  const float* hi = lo + m * d;
+  const float* w2 = Data<float>(x_w2);
+  std::vector<float> x(static_cast<size_t>(m * d));
+  for (int64_t i = 0; i < m * d; ++i) x[i] = lo[i] + (hi[i] + w2[i]);
+  NormRows<float>(x.data(), Data<float>(residual), gamma.typed_data(), m, d,
+                  NormAttrs{eps, weight_offset}, h->reinterpret_data<float>(), nullptr,
+                  q->typed_data(), s->typed_data(),
+                  x_gamma != nullptr ? x_gamma->typed_data() : nullptr, digits);
+  return ffi::Error::Success();
+}
+
+ffi::Error AddRmsNormQuantSumCpu(ffi::AnyBuffer x2, ffi::AnyBuffer x_w2, ffi::AnyBuffer residual,
+                                 ffi::BufferR1<ffi::F32> gamma,
+                                 ffi::Result<ffi::BufferR2<ffi::S8>> x_q,
+                                 ffi::Result<ffi::BufferR1<ffi::F32>> s_x,
+                                 ffi::Result<ffi::AnyBuffer> h, float eps, float weight_offset,
+                                 int32_t digits) {
+  return AddNormSum(x2, x_w2, residual, nullptr, gamma, x_q, s_x, h, eps, weight_offset, digits,
+                    "prism_add_rmsnorm_quant_sum");
+}
+
+ffi::Error NormAddRmsNormQuantSumCpu(ffi::AnyBuffer x2, ffi::AnyBuffer x_w2,
+                                     ffi::AnyBuffer residual, ffi::BufferR1<ffi::F32> x_gamma,
+                                     ffi::BufferR1<ffi::F32> gamma,
+                                     ffi::Result<ffi::BufferR2<ffi::S8>> x_q,
+                                     ffi::Result<ffi::BufferR1<ffi::F32>> s_x,
+                                     ffi::Result<ffi::AnyBuffer> h, float eps,
+                                     float weight_offset, int32_t digits) {
+  return AddNormSum(x2, x_w2, residual, &x_gamma, gamma, x_q, s_x, h, eps, weight_offset, digits,
+                    "prism_norm_add_rmsnorm_quant_sum");
+}
+
 }  // namespace
 }  // namespace prism
 
 namespace ffi = xla::ffi;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismAddRmsNormQuantSumCpu, prism::AddRmsNormQuantSumCpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()              // x2 [2M, D] f32
+                                  .Arg<ffi::AnyBuffer>()              // x_w2 [M, D] f32
+                                  .Arg<ffi::AnyBuffer>()              // residual [M, D] f32
+                                  .Arg<ffi::BufferR1<ffi::F32>>()    // gamma [D]
+                                  .Ret<ffi::BufferR2<ffi::S8>>()     // x_q [digits * M, D]
+                                  .Ret<ffi::BufferR1<ffi::F32>>()    // s_x [digits * M]
+                                  .Ret<ffi::AnyBuffer>()              // h = x + residual
+                                  .Attr<float>("eps")
+                                  .Attr<float>("weight_offset")
+                                  .Attr<int32_t>("digits"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismNormAddRmsNormQuantSumCpu, prism::NormAddRmsNormQuantSumCpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()              // x2 [2M, D] f32
+                                  .Arg<ffi::AnyBuffer>()              // x_w2 [M, D] f32
+                                  .Arg<ffi::AnyBuffer>()              // residual [M, D] f32
+                                  .Arg<ffi::BufferR1<ffi::F32>>()    // x_gamma [D]
+                                  .Arg<ffi::BufferR1<ffi::F32>>()    // gamma [D]
+                                  .Ret<ffi::BufferR2<ffi::S8>>()     // x_q [digits * M, D]
+                                  .Ret<ffi::BufferR1<ffi::F32>>()    // s_x [digits * M]
+                                  .Ret<ffi::AnyBuffer>()              // h
+                                  .Attr<float>("eps")
+                                  .Attr<float>("weight_offset")
+                                  .Attr<int32_t>("digits"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismAddRmsNormCpu, prism::AddRmsNormCpu,
                               ffi::Ffi::Bind()

@@ -4,6 +4,8 @@
 //   prism_rmsnorm_quant      x [M, D], gamma [D]            -> x_q s8 [M, D], s_x f32 [M]
 //   prism_add_rmsnorm_quant  x, residual [M, D], gamma [D]  -> x_q, s_x, h = x + residual
 //   prism_add_rmsnorm        x, residual [M, D], gamma [D]  -> y, h = x + residual
+//   prism_add_rmsnorm_quant_sum  the _quant form of a two-digit projection's partial products
+//                            (norm_digits.h): x2 [2M, D], x_w2 [M, D], residual [M, D] f32
 // The quantising ones take `digits` (norm_digits.h): 2 (f32) also writes the second digit,
 // NormArgs::q2 / s2, from the same registers or staged row.
 // Rows of D <= kMaxRegChunks * kStride (5376 included) are held in registers: one warp per row
@@ -29,6 +31,7 @@
 #include "cc/ops/norm_launch.cuh"
 #include "cc/ops/norm_reg_rows.cuh"
 #include "cc/ops/norm_split_rows.cuh"
+#include "cc/ops/norm_sum_parts.cuh"
 
 namespace prism {
 namespace {
@@ -44,9 +47,15 @@ ffi::Error LaunchNorm(cudaStream_t stream, int64_t m, const NormArgs<T>& a, cons
   int forced = 0;
   if (auto e = ForcedNormKernel(&forced); e.failure()) return e;
   const unsigned grid = static_cast<unsigned>(m);
-  if (a.d <= kStride || (a.d <= kMaxRegChunks * kStride && forced != -1)) {
-    const bool lean = forced > kForceLean || (forced == 0 && m >= kLeanRows);
-    const int warps = forced > 0 ? forced % kForceLean : SplitWarps(m, a.d, lean);
+  const bool reg = a.d <= kStride || (a.d <= kMaxRegChunks * kStride && forced != -1);
+  const bool lean = forced > kForceLean || (forced == 0 && m >= kLeanRows);
+  const int warps = forced > 0 ? forced % kForceLean : SplitWarps(m, a.d, lean);
+  if (a.x_hi != nullptr && !(reg && warps > 1)) {  // only the split kernel adds the parts
+    NormArgs<T> summed = a;
+    if (auto e = SumPartsIntoH(stream, m, &summed, op); e.failure()) return e;
+    return LaunchNorm(stream, m, summed, op);
+  }
+  if (reg) {
     if (warps == 1) {
       LaunchRegRowsFor(stream, m, a);
     } else {  // d <= 21 chunks per lane over >= 2 warps: <= kMaxSplitChunks per warp
@@ -149,6 +158,33 @@ ffi::Error AddRmsNormQuantCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBu
              s_x->typed_data(), eps, weight_offset, op, digits);
 }
 
+// x = x2[:M] + (x2[M:] + x_w2) (norm_digits.h), added in the split kernel's loads.
+ffi::Error AddRmsNormQuantSumCuda(cudaStream_t stream, ffi::AnyBuffer x2, ffi::AnyBuffer x_w2,
+                                  ffi::AnyBuffer residual, ffi::BufferR1<ffi::F32> gamma,
+                                  ffi::Result<ffi::BufferR2<ffi::S8>> x_q,
+                                  ffi::Result<ffi::BufferR1<ffi::F32>> s_x,
+                                  ffi::Result<ffi::AnyBuffer> h, float eps, float weight_offset,
+                                  int32_t digits) {
+  const char* op = "prism_add_rmsnorm_quant_sum";
+  if (auto e = CheckNormSumParts(x2, x_w2, op); e.failure()) return e;
+  if (auto e = CheckRows(x_w2, gamma, op); e.failure()) return e;
+  PRISM_REQUIRE(residual.element_type() == x_w2.element_type() &&
+                    residual.element_count() == x_w2.element_count(),
+                "prism_add_rmsnorm_quant_sum: residual must match x_w2 in shape and dtype");
+  if (auto e = CheckNormDigits(x_w2, x_q->dimensions(), s_x->dimensions(), digits, op);
+      e.failure()) {
+    return e;
+  }
+  const int64_t m = x_w2.dimensions()[0];
+  NormArgs<float> a = MakeArgs<float>(x_w2, &residual, gamma, h->untyped_data(), nullptr,
+                                      x_q->typed_data(), s_x->typed_data(), eps, weight_offset);
+  a.x = x2.reinterpret_data<float>();
+  a.x_hi = a.x + m * a.d;
+  a.x_w2 = x_w2.reinterpret_data<float>();
+  if (digits == 2) a.q2 = a.q + m * a.d, a.s2 = a.s + m;
+  return LaunchNorm(stream, m, a, op);
+}
+
 ffi::Error AddRmsNormCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer residual,
                           ffi::BufferR1<ffi::F32> gamma, ffi::Result<ffi::AnyBuffer> y,
                           ffi::Result<ffi::AnyBuffer> h, float eps, float weight_offset) {
@@ -177,6 +213,21 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismAddRmsNormCuda, prism::AddRmsNormCuda,
                                   .Ret<ffi::AnyBuffer>()              // h = x + residual
                                   .Attr<float>("eps")
                                   .Attr<float>("weight_offset"),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismAddRmsNormQuantSumCuda, prism::AddRmsNormQuantSumCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()              // x2 [2M, D] f32
+                                  .Arg<ffi::AnyBuffer>()              // x_w2 [M, D] f32
+                                  .Arg<ffi::AnyBuffer>()              // residual [M, D] f32
+                                  .Arg<ffi::BufferR1<ffi::F32>>()    // gamma [D]
+                                  .Ret<ffi::BufferR2<ffi::S8>>()     // x_q [digits * M, D]
+                                  .Ret<ffi::BufferR1<ffi::F32>>()    // s_x [digits * M]
+                                  .Ret<ffi::AnyBuffer>()              // h = x + residual
+                                  .Attr<float>("eps")
+                                  .Attr<float>("weight_offset")
+                                  .Attr<int32_t>("digits"),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismRmsNormCuda, prism::RmsNormCuda,

@@ -52,9 +52,10 @@ struct RegSlice {
   // w = weight_offset + gamma. The row starts at element off of the [M, D] arrays. Every load
   // is issued before the first store: gamma may alias h as far as the compiler knows, so a
   // gamma load after the h stores would wait for x and residual, a round trip of its own.
+  template <bool kSum = false>
   __device__ __forceinline__ void LoadRow(const NormArgs<T>& a, int64_t off,
                                           float (&w)[kChunks][kVec]) {
-    Load(a.x + off, h);
+    LoadX<kSum>(a, off);
     RegChunk<T> rv[kChunks];
     if (a.residual != nullptr) Load(a.residual + off, rv);
     LoadWeights(a, w);
@@ -63,9 +64,10 @@ struct RegSlice {
 
   // The fused post-norm's loads (NormArgs::x_gamma): h = x, rv = residual, all in flight
   // together; AddNormedResidual completes h once x's inverse RMS (inv_x) is known.
+  template <bool kSum = false>
   __device__ __forceinline__ void LoadPreNorm(const NormArgs<T>& a, int64_t off,
                                               RegChunk<T> (&rv)[kChunks]) {
-    Load(a.x + off, h);
+    LoadX<kSum>(a, off);
     Load(a.residual + off, rv);
   }
 
@@ -95,8 +97,9 @@ struct RegSlice {
 
   // LoadRow without the weights (NormSplitRowsKernel's lean form): only h stays in registers
   // through the reduction, and YAmax / CodesFromH read gamma afterwards.
+  template <bool kSum = false>
   __device__ __forceinline__ void LoadRowLean(const NormArgs<T>& a, int64_t off) {
-    Load(a.x + off, h);
+    LoadX<kSum>(a, off);
     if (a.residual == nullptr) return;
     RegChunk<T> rv[kChunks];
     Load(a.residual + off, rv);
@@ -238,6 +241,26 @@ struct RegSlice {
     }
 #pragma unroll
     for (int i = 0; i < kVec; ++i) w[i] = __fadd_rn(offset, g[i]);
+  }
+
+  // h = x; kSum (a.x_hi and a.x_w2 set): x + (x_hi + x_w2) rounded to T, the partial
+  // products' sum in Int8Linear's order (XLA's two adds, each rounded).
+  template <bool kSum>
+  __device__ __forceinline__ void LoadX(const NormArgs<T>& a, int64_t off) {
+    Load(a.x + off, h);
+    if constexpr (kSum) {
+      RegChunk<T> hi[kChunks], w2[kChunks];
+      Load(a.x_hi + off, hi);
+      Load(a.x_w2 + off, w2);
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          const float small = RoundToStorage<T>(__fadd_rn(hi[j].Get(i), w2[j].Get(i)));
+          h[j].SetRounded(i, __fadd_rn(h[j].Get(i), small));
+        }
+      }
+    }
   }
 
   // h = h + rv rounded to T (as LoadH), written to a.h.

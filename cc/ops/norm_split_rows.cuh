@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cc/cuda_common.cuh"
 #include "cc/numerics.h"
@@ -72,7 +73,8 @@ constexpr int64_t kLeanRows = 1024;  // rows from which the launcher takes the l
 // One block per row (blockIdx.x), blockDim.x / kWarpSize warps. kChunks >= each warp's share.
 // kPre: Gemma's post-norm fused in front (a.x_gamma, a.residual set): x's own inverse RMS is
 // chained first over the same slices, then h = rmsnorm(x) + residual (AddNormedResidual).
-template <typename T, int kChunks, bool kFull, bool kLean, bool kPre>
+// kSum: x is a two-digit projection's partial products (a.x_hi, a.x_w2 set; RegSlice::LoadX).
+template <typename T, int kChunks, bool kFull, bool kLean, bool kPre, bool kSum>
 __global__ void __launch_bounds__(kMaxSplit * kWarpSize, kLean ? kLeanBlocks : 1)
     NormSplitRowsKernel(NormArgs<T> a) {
   const int warps = static_cast<int>(blockDim.x / kWarpSize);
@@ -84,12 +86,12 @@ __global__ void __launch_bounds__(kMaxSplit * kWarpSize, kLean ? kLeanBlocks : 1
   s.Locate(a.d, lane, warp * chunks / warps, (warp + 1) * chunks / warps);
   if constexpr (kPre) {
     RegChunk<T> rv[kChunks];
-    s.LoadPreNorm(a, off, rv);
+    s.template LoadPreNorm<kSum>(a, off, rv);
     const float inv_x = ChainedInverseRms(s, a, warp, warps, lane);
     s.AddNormedResidual(a, off, rv, inv_x);
   }
   if constexpr (kLean) {
-    if constexpr (!kPre) s.LoadRowLean(a, off);
+    if constexpr (!kPre) s.template LoadRowLean<kSum>(a, off);
     const float inv = ChainedInverseRms(s, a, warp, warps, lane);
     const float amax = s.YAmax(a, inv, a.y != nullptr ? a.y + off : nullptr);
     if (a.q == nullptr) return;  // uniform over the block: every warp skips the barrier below
@@ -108,7 +110,7 @@ __global__ void __launch_bounds__(kMaxSplit * kWarpSize, kLean ? kLeanBlocks : 1
   if constexpr (kPre) {
     s.LoadWeights(a, w);
   } else {
-    s.LoadRow(a, off, w);
+    s.template LoadRow<kSum>(a, off, w);
   }
   const float inv = ChainedInverseRms(s, a, warp, warps, lane);
   float y[kChunks][kVec];
@@ -143,15 +145,26 @@ inline int SplitWarps(int64_t m, int64_t d, bool lean) {
   return warps;
 }
 
-template <typename T, int kChunks, bool kLean, bool kPre>
-void LaunchSplitRows(cudaStream_t stream, int64_t m, int warps, const NormArgs<T>& a) {
+template <typename T, int kChunks, bool kLean, bool kPre, bool kSum>
+void LaunchSplitRowsAs(cudaStream_t stream, int64_t m, int warps, const NormArgs<T>& a) {
   const unsigned grid = static_cast<unsigned>(m), threads = warps * kWarpSize;
   const bool aligned_x_gamma = (reinterpret_cast<uintptr_t>(a.x_gamma) & 15u) == 0;
   if (FullChunks(a) && (!kPre || aligned_x_gamma)) {
-    NormSplitRowsKernel<T, kChunks, true, kLean, kPre><<<grid, threads, 0, stream>>>(a);
+    NormSplitRowsKernel<T, kChunks, true, kLean, kPre, kSum><<<grid, threads, 0, stream>>>(a);
   } else {
-    NormSplitRowsKernel<T, kChunks, false, kLean, kPre><<<grid, threads, 0, stream>>>(a);
+    NormSplitRowsKernel<T, kChunks, false, kLean, kPre, kSum><<<grid, threads, 0, stream>>>(a);
   }
+}
+
+// The partial-product form (a.x_hi set) exists for f32 rows only: two digits are f32.
+template <typename T, int kChunks, bool kLean, bool kPre>
+void LaunchSplitRows(cudaStream_t stream, int64_t m, int warps, const NormArgs<T>& a) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (a.x_hi != nullptr) {
+      return LaunchSplitRowsAs<T, kChunks, kLean, kPre, true>(stream, m, warps, a);
+    }
+  }
+  LaunchSplitRowsAs<T, kChunks, kLean, kPre, false>(stream, m, warps, a);
 }
 
 template <typename T, int kChunks, bool kPre>

@@ -63,6 +63,25 @@ class Quantized(NamedTuple):
     s2: jax.Array | None = None
 
 
+class Partials(NamedTuple):
+    """A two-digit projection's output left as its partial products (Linear.int8_partials):
+    y2 [2T, *out] (x1 W1 stacked over x2 W1) and y_w2 [T, *out] (x1 W2), for a consumer that
+    adds them itself (ops.add_rmsnorm_quant_sum) instead of XLA writing the sum out."""
+
+    y2: jax.Array
+    y_w2: jax.Array
+
+    def total(self) -> jax.Array:
+        """Linear's own output: the partials added in its order, y2[:T] + (y2[T:] + y_w2)."""
+        t = self.y_w2.shape[0]
+        return self.y2[:t] + (self.y2[t:] + self.y_w2)
+
+
+def as_array(y: jax.Array | Partials) -> jax.Array:
+    """A projection's output as one array (Partials added in Linear's order)."""
+    return y.total() if isinstance(y, Partials) else y
+
+
 def _stacked_digits(x: Quantized) -> tuple[jax.Array, jax.Array]:
     """(codes, scales) of x's rows, both digits stacked ([x1; x2]) when it has two. Every op
     that writes two digits returns the halves of one stacked buffer, and XLA folds this
@@ -178,6 +197,12 @@ class Linear(nnx.Module):
             t, *self.out
         )
 
+    def partials_or_output(self, x: Quantized | jax.Array) -> Partials | jax.Array:
+        """Partials where int8_partials has them (for a consumer that adds them), else the
+        layer's output."""
+        parts = self.int8_partials(x)
+        return self(x) if parts is None else Partials(*parts)
+
     def _w1_product(self, x: Quantized) -> jax.Array:
         """x1 W1, stacked over x2 W1 when x has a second digit: (T or 2T, prod(out)). Both
         digits go through one GEMM, so the weights are read once."""
@@ -244,13 +269,15 @@ class RMSNorm(nnx.Module):
         delta_norm: RMSNorm | None = None,
     ):
         """h += delta (delta_norm(delta) when given), then normalise h for a projection ->
-        (projection input, new h).
+        (projection input, new h). delta may be a projection's Partials.
 
         int8 fuses delta_norm (Gemma's post-norm on the previous block's output), the residual
         add, the norm and the row quantisation in one custom call; two_digit (int8 only) has it
         quantise the row's remainder too (the second digit, as ops.quantize_digits; the digits
         are slices of one stacked buffer, as the two-digit GEMM takes them).
         """
+        if isinstance(delta, Partials) and self.precision != "int8":
+            delta = delta.total()  # only the int8 norms add partial products themselves
         if delta_norm is not None:
             assert delta is not None, "delta_norm normalises delta: pass one"
             assert (delta_norm.eps, delta_norm.offset) == (self.eps, self.offset), (
@@ -267,7 +294,10 @@ class RMSNorm(nnx.Module):
         digits = 2 if two_digit else 1
         if delta is None:
             return Quantized(*ops.rmsnorm_quant(h, g, digits=digits, **norm)), h
-        *codes, h = ops.add_rmsnorm_quant(delta, h, g, digits=digits, **norm)
+        if isinstance(delta, Partials):  # y2[:T] + (y2[T:] + y_w2) added in the kernel
+            *codes, h = ops.add_rmsnorm_quant_sum(*delta, h, g, digits=digits, **norm)
+        else:
+            *codes, h = ops.add_rmsnorm_quant(delta, h, g, digits=digits, **norm)
         return Quantized(*codes), h
 
 

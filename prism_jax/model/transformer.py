@@ -38,6 +38,7 @@ from prism_jax.model.layers import (
     Quantized,
     RMSNorm,
     apply_rope,
+    as_array,
     check_precision,
     glu,
     rope_inv_freq,
@@ -75,15 +76,17 @@ class Attention(nnx.Module):
         positions: jax.Array,
         attention: AttentionBackend,
         rows: jax.Array | None = None,
+        partials: bool = False,
     ):
-        """(T, D) output, or (R, D) for the tokens `rows` only (every token's k/v is written)."""
+        """(T, D) output, or (R, D) for the tokens `rows` only (every token's k/v is written).
+        partials: the o projection's Partials where it has them (the next norm adds them)."""
         c = self.config
         q, k, v = self._project(x, positions)
         a = attention(self.layer, q, k, v, rows)  # (T or R, N*H)
         if self.precision == "int8":
             digits = 2 if "o" in c.int8_two_digit_rows else 1
             aq = Quantized(*ops.quantize_digits(a.astype(jnp.float32), digits=digits))
-            return self.o(aq)  # (T, D)
+            return self.o.partials_or_output(aq) if partials else self.o(aq)  # (T, D)
         return self.o(a)  # (T, D)
 
     def _project(self, x: Quantized | jax.Array, positions: jax.Array):
@@ -132,17 +135,20 @@ class MLP(nnx.Module):
             two_digit_weights="down" in c.int8_two_digit_weights,
         )
 
-    def __call__(self, x: Quantized | jax.Array) -> jax.Array:
+    def __call__(self, x: Quantized | jax.Array, partials: bool = False):
+        """(T, D); partials: the down projection's Partials where it has them (the next norm
+        adds them)."""
+        down = self.down.partials_or_output if partials else self.down
         two_digit = self.precision == "int8" and self.two_digit
         parts = self.gate_up.int8_partials(x) if two_digit else None
         if parts is not None:  # gate_up's partial products, added inside the activation kernel
-            return self.down(Quantized(*ops.glu_quant2_sum(*parts, activation=self.activation)))
+            return down(Quantized(*ops.glu_quant2_sum(*parts, activation=self.activation)))
         gu = self.gate_up(x)  # (T, 2, F)
         if self.precision == "int8":
             # The kernel reads gate and up in place from gu (no XLA slice copies); two digits:
             # (q, s, q2, s2) from one pass of the activation kernel.
             quant = ops.glu_quant2_pair if self.two_digit else ops.glu_quant_pair
-            return self.down(Quantized(*quant(gu, activation=self.activation)))
+            return down(Quantized(*quant(gu, activation=self.activation)))
         return self.down(glu(gu[:, 0], gu[:, 1], self.activation))
 
 
@@ -172,13 +178,15 @@ class DecoderLayer(nnx.Module):
         x, h = self.input_norm.project_input(
             h, delta, two_digit=self.two_digit_qkv, delta_norm=delta_norm
         )
-        o = self.attn(x, positions, attention, rows)  # (T or R, D)
+        # The o and down projections' partial products (two digits) go to the next norm, which
+        # adds them in Linear's order: XLA never writes their sum out.
+        o = self.attn(x, positions, attention, rows, partials=True)  # (T or R, D)
         if rows is not None:
             h = h[rows]
         x, h = self.pre_mlp_norm.project_input(
             h, o, two_digit=self.two_digit_gate_up, delta_norm=self.post_attn_norm
         )
-        return h, self.mlp(x)  # (T, D)
+        return h, self.mlp(x, partials=True)  # (T, D)
 
 
 class Transformer(nnx.Module):
@@ -218,6 +226,7 @@ class Transformer(nnx.Module):
             pending = self.layers[i - 1].post_mlp_norm if i > layers.start else None
             only = rows if prune and i == layers.stop - 1 else None
             h, delta = self.layers[i](h, delta, positions, attention, pending, only)
+        delta = as_array(delta)
         if rows is not None and not prune:
             h, delta = h[rows], delta[rows]
         last = self.layers[layers.stop - 1].post_mlp_norm

@@ -24,7 +24,13 @@ from prism_jax.ops.quantize import (
     quantize_weight,
 )
 from prism_jax.ops.quantize_digits import quantize_digits
-from prism_jax.ops.rmsnorm_quant import add_rmsnorm, add_rmsnorm_quant, rmsnorm, rmsnorm_quant
+from prism_jax.ops.rmsnorm_quant import (
+    add_rmsnorm,
+    add_rmsnorm_quant,
+    add_rmsnorm_quant_sum,
+    rmsnorm,
+    rmsnorm_quant,
+)
 from prism_jax.ops.tree_attention import pack_chains, tree_attention
 from prism_jax.ops.tree_attention_digits import tree_attention_digits
 
@@ -33,6 +39,7 @@ register()
 __all__ = [
     "add_rmsnorm",
     "add_rmsnorm_quant",
+    "add_rmsnorm_quant_sum",
     "candidate_head",
     "current_impl",
     "dequantize_rows",

@@ -4,6 +4,8 @@
   rmsnorm_quant(x, gamma)                -> (x_q int8, s_x f32)        before a projection
   add_rmsnorm_quant(x, residual, gamma)  -> (x_q, s_x, h = x + residual in x's dtype)
   add_rmsnorm(x, residual, gamma)        -> (y, h)                      two-digit inputs
+  add_rmsnorm_quant_sum(y2, y_w2, residual, gamma): add_rmsnorm_quant of x = y2[:M] + (y2[M:]
+                                         + y_w2), a two-digit projection's partial products
   x_gamma= on the add_* forms: h = rmsnorm(x, x_gamma) + residual (Gemma's post-norm, fused)
   digits=2 on the *_quant forms (float32 x): y's second digit too, as quantize_digits(y, 2)
 
@@ -203,6 +205,61 @@ def add_rmsnorm_quant(
     return (*_split_digits(q, s, lead, digits), h.reshape(x.shape))
 
 
+def add_rmsnorm_quant_sum(
+    y2,
+    y_w2,
+    residual,
+    gamma,
+    *,
+    eps: float,
+    weight_offset: float = 0.0,
+    x_gamma=None,
+    digits: int = 1,
+    impl: Impl | None = None,
+):
+    """add_rmsnorm_quant of x = y2[:M] + (y2[M:] + y_w2): a two-digit projection's partial
+    products (Linear.int8_partials: x1 W1 stacked over x2 W1, and x1 W2), added in the kernel
+    in Linear's order, so the results are add_rmsnorm_quant's of Linear's own output, bit for
+    bit, without XLA writing that sum out and the kernel reading it back.
+
+    Args:
+      y2: float32 [2M, D]; y_w2, residual: float32 [M, D]; gamma, x_gamma: [D].
+
+    Returns:
+      as add_rmsnorm_quant: (x_q, s_x, [x_q2, s_x2,] h), h [M, D] float32.
+    """
+    op = "add_rmsnorm_quant_sum"
+    _check(op, y_w2, gamma, residual, x_gamma)
+    _check_digits(op, y_w2, digits)
+    m = y_w2.shape[0]
+    stacked = (2 * m, *y_w2.shape[1:])
+    if y_w2.dtype != jnp.float32 or y2.dtype != jnp.float32 or y2.shape != stacked:
+        raise ValueError(
+            f"{op}: y2 must be float32 [2M, D] = {list(stacked)} for y_w2 float32 "
+            f"{_checks.describe(y_w2)} (rows x1 W1, then x2 W1), got {_checks.describe(y2)}"
+        )
+    if resolve_impl(impl) == "reference":
+        x = y2[:m] + (y2[m:] + y_w2)  # Linear's order
+        return add_rmsnorm_quant(
+            x, residual, gamma, eps=eps, weight_offset=weight_offset, x_gamma=x_gamma,
+            digits=digits, impl="reference",
+        )  # fmt: skip
+    outs = (*_digit_outs(m, y_w2.shape[1], digits), jax.ShapeDtypeStruct(y_w2.shape, y_w2.dtype))
+    q, s, h = _add_ffi(
+        "prism_add_rmsnorm_quant_sum",
+        outs,
+        y2,
+        residual,
+        gamma,
+        x_gamma,
+        eps,
+        weight_offset,
+        parts=(y_w2,),
+        digits=np.int32(digits),
+    )
+    return (*_split_digits(q, s, (m,), digits), h)
+
+
 def add_rmsnorm(
     x,
     residual,
@@ -233,12 +290,21 @@ def add_rmsnorm(
 
 
 def _add_ffi(
-    target: str, outs, x, residual, gamma, x_gamma, eps: float, weight_offset: float, **attrs
+    target: str,
+    outs,
+    x,
+    residual,
+    gamma,
+    x_gamma,
+    eps: float,
+    weight_offset: float,
+    parts: tuple = (),
+    **attrs,
 ):
-    """The add_* custom call on rows of x and residual; with x_gamma its prism_norm_* form,
-    which takes x_gamma after residual."""
+    """The add_* custom call on rows of x (then `parts`, the _sum forms' y_w2) and residual;
+    with x_gamma its prism_norm_* form, which takes x_gamma after residual."""
     pre = ()
     if x_gamma is not None:
         target, pre = target.replace("prism_", "prism_norm_", 1), (x_gamma.astype(jnp.float32),)
-    args = (_rows(x), _rows(residual), *pre, gamma.astype(jnp.float32))
+    args = (_rows(x), *map(_rows, parts), _rows(residual), *pre, gamma.astype(jnp.float32))
     return _ffi(target, outs, *args, eps=eps, weight_offset=weight_offset, **attrs)
