@@ -201,31 +201,44 @@ __device__ __forceinline__ Smem CarveSmem(float* smem) {
   return sm;
 }
 
-// Thread 0: the block's distinct chains in order of first appearance, each with the range of
-// tiles its tokens see, and the block's whole range; toks[i].ci becomes the chain's index.
+// Warp 0 (all 32 lanes; Qt <= 32): the block's distinct chains in order of first appearance,
+// each with the range of tiles its tokens see, and the block's whole range; toks[i].ci becomes
+// the chain's index. Lane i takes token i: lanes holding one chain find each other
+// (__match_any_sync), the lowest of them is the chain's first appearance, and the chain's index
+// is how many first appearances come before it. The same lists as a serial walk over the
+// tokens, which thread 0 did before, at ~2 us of dependent shared-memory steps per setup
+// (clock64 probe on the H200, results/e2e_h200_session27/).
 __device__ __forceinline__ void ListChains(const Smem& sm, int qt, int32_t window,
                                            BlockInfo* info) {
-  int nc = 0;
-  int64_t lo = 0, hi = -1;
-  for (int i = 0; i < qt; ++i) {
-    const int32_t chain = sm.toks[i].ci;
-    if (chain < 0) continue;
-    const int64_t pos = sm.toks[i].pos, a = FirstTile(pos, window), b = LastTile(pos);
-    int c = 0;
-    while (c < nc && sm.chains[c].chain != chain) ++c;
-    if (c == nc) {
-      sm.chains[nc++] = {chain, a, b};
-    } else {
-      sm.chains[c].lo = a < sm.chains[c].lo ? a : sm.chains[c].lo;
-      sm.chains[c].hi = b > sm.chains[c].hi ? b : sm.chains[c].hi;
-    }
-    sm.toks[i].ci = c;
-    lo = hi < lo ? a : (a < lo ? a : lo);
-    hi = b > hi ? b : hi;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const bool mine = lane < qt;
+  const int32_t chain = mine ? sm.toks[lane].ci : -1;
+  const bool valid = chain >= 0;
+  const int32_t pos = mine ? sm.toks[lane].pos : 0;
+  // Tiles fit int32: positions are int32.
+  const int32_t a = valid ? static_cast<int32_t>(FirstTile(pos, window)) : INT32_MAX;
+  const int32_t b = valid ? static_cast<int32_t>(LastTile(pos)) : -1;
+  const unsigned valid_mask = __ballot_sync(kFullMask, valid);
+  const unsigned same = __match_any_sync(kFullMask, chain) & valid_mask;
+  const int first = valid ? __ffs(static_cast<int>(same)) - 1 : kWarpSize;
+  const unsigned firsts = __ballot_sync(kFullMask, valid && lane == first);
+  int32_t lo = a, hi = b;  // the chain's range over its tokens (lanes in `same`)
+#pragma unroll 8
+  for (int src = 0; src < kWarpSize; ++src) {
+    const int32_t oa = __shfl_sync(kFullMask, a, src), ob = __shfl_sync(kFullMask, b, src);
+    if ((same >> src) & 1u) lo = oa < lo ? oa : lo, hi = ob > hi ? ob : hi;
   }
-  info->n_chains = nc;
-  info->j_lo = lo;
-  info->j_hi = hi;
+  if (valid) {
+    const int c = __popc(firsts & ((1u << first) - 1u));
+    if (lane == first) sm.chains[c] = {chain, lo, hi};
+    sm.toks[lane].ci = c;
+  }
+  const int32_t all_lo = __reduce_min_sync(kFullMask, a), all_hi = __reduce_max_sync(kFullMask, b);
+  if (lane == 0) {
+    info->n_chains = __popc(firsts);
+    info->j_lo = valid_mask != 0 ? all_lo : 0;  // no valid token: lo 0, hi -1 (none)
+    info->j_hi = all_hi;
+  }
 }
 
 // Four consecutive q elements as f32 (16-byte aligned for f32, 8-byte for bf16: q rows are
@@ -269,7 +282,7 @@ __device__ __forceinline__ void SetupBlock(const Q* q, const Dims& dm, const Tab
                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __syncthreads();
-  if (tid == 0) ListChains(sm, qt, window, info);
+  if (tid < kWarpSize) ListChains(sm, qt, window, info);
   __syncthreads();
 }
 

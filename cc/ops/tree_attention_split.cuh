@@ -73,18 +73,32 @@ struct Round {
 struct Span {
   int64_t lo, hi, runs;
 };
+// Tokens are read kSpanLoads at a time, every load in flight before any is used: each block of
+// pass 1 runs this for every query tile before its first item (~3-5 us of a 40-55 us call at
+// one load pair per token, clock64 probe on the H200, results/e2e_h200_session27/).
+constexpr int kSpanLoads = 8;
 __device__ __forceinline__ Span BlockSpan(const Dims& dm, const Tables& tb, int32_t window,
                                           int64_t t0, int qt) {
   Span sp{0, -1, 0};
   int64_t last_chain = -1;
-  for (int i = 0; i < qt && t0 + i < dm.t; ++i) {
-    const int64_t pos = tb.positions[t0 + i], chain = tb.chain_of[t0 + i];
-    if (pos < 0 || chain < 0 || chain >= dm.c) continue;
-    const int64_t a = FirstTile(pos, window), b = LastTile(pos);
-    sp.lo = sp.hi < sp.lo ? a : (a < sp.lo ? a : sp.lo);
-    sp.hi = b > sp.hi ? b : sp.hi;
-    sp.runs += chain != last_chain;
-    last_chain = chain;
+  for (int i0 = 0; i0 < qt; i0 += kSpanLoads) {
+    int32_t pos[kSpanLoads], chain[kSpanLoads];
+#pragma unroll
+    for (int u = 0; u < kSpanLoads; ++u) {  // past the tile or the step: padding
+      const int64_t t = t0 + i0 + u;
+      const bool in = i0 + u < qt && t < dm.t;
+      pos[u] = in ? tb.positions[t] : -1;
+      chain[u] = in ? tb.chain_of[t] : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kSpanLoads; ++u) {
+      if (pos[u] < 0 || chain[u] < 0 || chain[u] >= dm.c) continue;
+      const int64_t a = FirstTile(pos[u], window), b = LastTile(pos[u]);
+      sp.lo = sp.hi < sp.lo ? a : (a < sp.lo ? a : sp.lo);
+      sp.hi = b > sp.hi ? b : sp.hi;
+      sp.runs += chain[u] != last_chain;
+      last_chain = chain[u];
+    }
   }
   return sp;
 }
