@@ -4,8 +4,9 @@
 # (from the start) allow, so the call reports before the device tool's limit:
 #   1. main: build, then MAIN_TESTS (pytest targets; default none), then a traced e2e per
 #      digit mode in MAIN_TRACE (default "one"; per-kernel GPU time: OUTDIR/main/ab_<mode>);
-#   2. the patch (a carried file, e.g. `git show <commit> -- cc/ > .carry/x.patch`): applied,
-#      rebuilt, traced the same way (OUTDIR/patch/ab_one), then TESTS on it;
+#   2. the patch (a carried file, e.g. `git show <commit> -- cc/ > .carry/x.patch`; PATCH "none"
+#      skips this stage): applied, rebuilt, traced the same way (OUTDIR/patch/ab_one), then
+#      TESTS on it;
 #   3. main's extension back, the e2e with its generic BF16 baseline per digit mode in DIGITS
 #      (default "two one": OUTDIR/main/e2e_two, e2e_one), --runs RUNS (default 10).
 # Kernel times repeat within ~1 % across starts and walls do not, so stage 1 and 2 compare
@@ -48,7 +49,7 @@ for mode in ${MAIN_TRACE:-one}; do
 done
 so=$(ls prism_jax/_prism_ops*.so)
 cp "$so" /tmp/main_ops.so
-if [ "$(left)" -gt 150 ]; then
+if [ "$patch_file" != none ] && [ "$(left)" -gt 150 ]; then
   patch -p1 <"$patch_file" >"$O/patch/patch.log" 2>&1 &&
     cmake --build build/gpu -j 16 >"$O/patch/build.log" 2>&1 && cp build/gpu/_prism_ops*.so prism_jax/
   echo "patch build rc=$? at $(el) s"
