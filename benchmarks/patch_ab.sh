@@ -10,14 +10,18 @@
 #   3. main's extension back, the e2e with its generic BF16 baseline per digit mode in DIGITS
 #      (default "two one": OUTDIR/main/e2e_two, e2e_one), --runs RUNS (default 10).
 # Kernel times repeat within ~1 % across starts and walls do not, so stage 1 and 2 compare
-# breakdown.jsonl's kernel rows. Usage (device tool, carry [".whl", ".carry"]):
-#   TESTS="tests/ops/test_tree_attention_split.py" \
+# breakdown.jsonl's kernel rows. The device copy's git metadata can lag its working tree (session
+# 31's JSON named 393dfc5+dirty for 0c524d7), so write this checkout's commit into the command as
+# PRISM_COMMIT, which every JSON line then records. Usage (device tool, carry [".whl", ".carry"]):
+#   PRISM_COMMIT=<git rev-parse --short HEAD here> TESTS="tests/ops/test_tree_attention_split.py" \
 #     bash benchmarks/patch_ab.sh .carry/x.patch $OUT/ab 560
 set -u
 patch_file=${1:?usage: patch_ab.sh PATCH OUTDIR DEADLINE}
 O=${2:?usage: patch_ab.sh PATCH OUTDIR DEADLINE}
 DEADLINE=${3:?usage: patch_ab.sh PATCH OUTDIR DEADLINE}
 mkdir -p "$O/main" "$O/patch"
+[ -n "${PRISM_COMMIT:-}" ] ||
+  echo "PRISM_COMMIT unset: the JSON records the device copy's git HEAD, which can lag its tree" >&2
 T0=$(date +%s)
 el() { echo $(($(date +%s) - T0)); }
 left() { echo $((DEADLINE - $(date +%s) + T0)); }
