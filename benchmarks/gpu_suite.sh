@@ -19,6 +19,8 @@
 #                                 (results in $OUT/gemm.jsonl and $OUT/gemm.md)
 #   TESTS=none                    skip the op tests
 #   TESTS_TIMEOUT=400             interrupt pytest after this many seconds
+#   PYTEST_WORKERS=8              pytest-xdist workers (the machine's 16 cores; session 31's
+#                                 default set ran 1.6x faster at 8 than at 4, none failing)
 #   E2E=1                         then run benchmarks/e2e_decide.py (27B, int8 engine vs bf16
 #                                 XLA; $OUT/e2e.jsonl, E2E.md, e2e.png, compile.json), extra
 #                                 arguments in E2E_ARGS (e.g. "--profile"), killed after
@@ -100,7 +102,7 @@ fi
 test_rc=0
 if [ "${TESTS:-}" != none ]; then
   echo "## op tests (CPU + CUDA)"
-  timeout -s INT "${TESTS_TIMEOUT:-400}" $PY -m pytest -q -n 4 -p no:cacheprovider ${TESTS:-tests/ops tests/test_extension.py tests/test_determinism.py tests/model/test_last_layer_rows.py} \
+  timeout -s INT "${TESTS_TIMEOUT:-400}" $PY -m pytest -q -n "${PYTEST_WORKERS:-8}" -p no:cacheprovider ${TESTS:-tests/ops tests/test_extension.py tests/test_determinism.py tests/model/test_last_layer_rows.py} \
     --junitxml="$OUT/pytest.xml" 2>&1 | tail -25 | tee "$OUT/pytest.txt"
   test_rc=${PIPESTATUS[0]}
 fi

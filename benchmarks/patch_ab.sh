@@ -43,7 +43,7 @@ traced=(--runs 30 --no-baseline --trace)
 digit_args() { [ "$1" = one ] && echo --single-digit; }
 if [ -n "${MAIN_TESTS:-}" ]; then
   # shellcheck disable=SC2086 (MAIN_TESTS is a list of pytest targets)
-  timeout -s INT "${MAIN_TESTS_TIMEOUT:-120}" python3 -m pytest -q -n 4 -p no:cacheprovider \
+  timeout -s INT "${MAIN_TESTS_TIMEOUT:-120}" python3 -m pytest -q -n "${PYTEST_WORKERS:-8}" -p no:cacheprovider \
     $MAIN_TESTS 2>&1 | tail -8 >"$O/main/pytest.txt"
   echo "main tests: $(tail -1 "$O/main/pytest.txt") at $(el) s"
 fi
@@ -61,7 +61,7 @@ if [ "$patch_file" != none ] && [ "$(left)" -gt 150 ]; then
   t=$(($(left) - 200))
   [ "$t" -gt 90 ] && t=90
   # shellcheck disable=SC2086 (TESTS is a list of pytest targets)
-  [ "$t" -gt 15 ] && timeout -s INT "$t" python3 -m pytest -q -n 4 -p no:cacheprovider \
+  [ "$t" -gt 15 ] && timeout -s INT "$t" python3 -m pytest -q -n "${PYTEST_WORKERS:-8}" -p no:cacheprovider \
     ${TESTS:-tests/ops} 2>&1 | tail -5 >"$O/patch/pytest.txt"
   echo "patch tests: $(tail -1 "$O/patch/pytest.txt" 2>/dev/null) at $(el) s"
   cp /tmp/main_ops.so "$so"
