@@ -191,10 +191,18 @@ class _Recorder:
     def __init__(self, linear, key: str, sink: dict, valid: jax.Array) -> None:
         self.linear, self.key, self.sink, self.valid = linear, key, sink, valid
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def _record(self, x: jax.Array) -> None:
         ax = jnp.where(self.valid[:, None], jnp.abs(x.astype(jnp.float32)), 0.0)  # (T, K)
         self.sink[self.key] = jnp.max(ax, axis=0)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        self._record(x)
         return self.linear(x)
+
+    def partials_or_output(self, x: jax.Array):
+        """The decoder layer asks o and down for this (Linear.partials_or_output)."""
+        self._record(x)
+        return self.linear.partials_or_output(x)
 
 
 def _absmax_pass(params, config: ModelConfig, tokens, positions, mask, valid) -> dict:
