@@ -261,6 +261,7 @@ __device__ __forceinline__ void SetupBlock(const Q* q, const Dims& dm, const Tab
                                            int32_t window, int64_t t0, int64_t kvh,
                                            const Smem& sm, BlockInfo* info) {
   using S = Shape<kH, kPW>;
+  static_assert(S::kPairs <= kWarpSize, "ListChains gives each of a tile's Qt tokens a lane");
   const int g_count = static_cast<int>(dm.n / dm.k), qt = S::kPairs / g_count;
   const int tid = static_cast<int>(threadIdx.x);
   if (tid < qt) {
