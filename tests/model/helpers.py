@@ -77,3 +77,19 @@ def mean_kl(ref_logits: np.ndarray, logits: np.ndarray) -> float:
 
 def top1(a: np.ndarray, b: np.ndarray) -> float:
     return float((a.argmax(-1) == b.argmax(-1)).mean())
+
+
+def machine_summary() -> str:
+    """This machine's CPU, as far as XLA's CPU code could depend on it (for failure messages)."""
+    import platform  # noqa: PLC0415
+
+    info = pathlib.Path("/proc/cpuinfo")
+    text = info.read_text() if info.exists() else ""
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in text.splitlines() if "model name" in ln), "?"
+    )
+    flags = next(
+        (ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []
+    )
+    wanted = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
+    return f"{platform.machine()} {model} [{' '.join(wanted)}], jax {jax.__version__}"

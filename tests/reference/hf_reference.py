@@ -5,8 +5,11 @@
 SPEC.json: [{"name": str, "config": {HF config.json keys}, "seed": int, "tokens": [int]}]
 or, for real weights, [{"name": str, "checkpoint": HF directory, "tokens": [int]}].
 For each case, OUT_DIR/<name>/ receives the logits [T, V] of the fp32 model (logits_fp32.npy)
-and of the same weights cast to bf16 (logits_bf16.npy), eager attention; random cases also
-get the HF-saved config.json and model.safetensors (random weights with non-trivial norms).
+and of the same weights cast to bf16 (logits_bf16.npy), eager attention; a case with
+"fp64": true also gets the fp64 run of the fp32 weights (logits_fp64.npy), the yardstick that
+tells which of two fp32 runs drifted. Random cases also get the HF-saved config.json and
+model.safetensors (random weights with non-trivial norms). OUT_DIR/env.json names the machine
+and PyTorch's CPU kernels, for failure messages.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import platform
 import sys
 
 import numpy as np
@@ -75,13 +79,28 @@ def run_case(case: dict, out: pathlib.Path) -> None:
     ids = torch.tensor([case["tokens"]], dtype=torch.long)
     with torch.no_grad():
         np.save(out / "logits_fp32.npy", model(ids).logits[0].float().numpy())
+        if case.get("fp64"):  # fp64 holds the fp32 weights exactly: the fp32 runs' yardstick
+            np.save(out / "logits_fp64.npy", model.to(torch.float64)(ids).logits[0].numpy())
         model.to(torch.bfloat16)
         np.save(out / "logits_bf16.npy", model(ids).logits[0].float().numpy())
+
+
+def environment() -> dict:
+    """What a cross-machine difference in the reference logits would come from."""
+    return dict(
+        machine=platform.machine(),
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        cpu_capability=torch.backends.cpu.get_cpu_capability(),
+        float32_matmul_precision=torch.get_float32_matmul_precision(),
+    )
 
 
 def main() -> None:
     spec_path, out_dir = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
     torch.set_num_threads(2)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "env.json").write_text(json.dumps(environment()))
     for case in json.loads(spec_path.read_text()):
         run_case(case, out_dir / case["name"])
     print(f"transformers {transformers.__version__}, torch {torch.__version__}: ok")
