@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import pathlib
 import shutil
 import statistics
@@ -170,7 +171,9 @@ def compile_baseline(baseline: Baseline | None, s: Scenario, compile_s: dict) ->
             log(f"compiled {key} in {compile_s[key]:.1f} s")
 
 
-def measure(engine: Engine, baseline, s: Scenario, runs: int, chunk: int) -> dict:
+def measure(
+    engine: Engine, baseline, s: Scenario, runs: int, chunk: int, warmup: int = 1
+) -> dict:
     compilations = engine.runner.compilations  # everything was compiled beforehand
     engine.cache.clear()
     for q in s.prefill:  # untimed: fills the prefix cache
@@ -178,7 +181,8 @@ def measure(engine: Engine, baseline, s: Scenario, runs: int, chunk: int) -> dic
     clear = engine.cache.clear if s.cold else None
     if clear:
         clear()
-    engine.run(s.questions, chunk=chunk)  # warm-up
+    for _ in range(warmup):  # XLA records a step's CUDA graphs on their second execution
+        engine.run(s.questions, chunk=chunk)
     results = []
 
     def prism():
@@ -314,6 +318,9 @@ def meta(args, config: ModelConfig) -> dict:
         "command_buffers": args.command_buffers,
         "layers_per_call": args.layers_per_call,
         "readout_only_last_layer": not args.whole_last_layer,
+        "warmup_runs": getattr(args, "warmup", 1),
+        # What XLA ran under (command buffer modes, profiling with graphs): A/Bs differ here.
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
         # Not a result: another model, another device or fewer runs than DESIGN.md asks for.
         "smoke": args.preset != "gemma3-27b"
         or bool(args.layers)
@@ -328,6 +335,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--preset", choices=sorted(PRESETS), default="gemma3-27b")
     p.add_argument("--layers", type=int, help="override the preset's layer count (compile probes)")
     p.add_argument("--runs", type=int, default=10)
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="untimed runs per scenario first (XLA's command_buffer_update_mode=SKIP_PROFILED "
+        "observes an executable's first 3 runs op by op: give it 4)",
+    )
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/e2e_h200"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kv-pages", type=int, default=320, help="16-token pages (4,128 tokens: 259)")
@@ -409,7 +423,7 @@ def compile_scenario(engine: Engine, baseline: Baseline, s: Scenario, chunk: int
 
 
 def run_scenario(engine: Engine, baseline: Baseline, s: Scenario, args, info: dict, out):
-    row = {**info, **measure(engine, baseline, s, args.runs, args.chunk)}
+    row = {**info, **measure(engine, baseline, s, args.runs, args.chunk, args.warmup)}
     if args.profile:
         row["split_ms"] = split_times(engine, s, args.runs, args.chunk)
     print(json.dumps(row), flush=True)

@@ -37,9 +37,14 @@
 #                                 PRISM_INT8_GEMM_DECOMP=d (stream-K tiles data-parallel: no
 #                                 barrier memset before them), one ending in -ms (one-ms) with
 #                                 PRISM_INT8_GEMM_BARRIER=memset (stream-K's barrier flags
-#                                 cleared by CUTLASS's memset, not our kernel); these suffixes
-#                                 combine (one-ms-whole); a mode listed twice runs twice,
-#                                 into e2e_<mode> and e2e_<mode>.2
+#                                 cleared by CUTLASS's memset, not our kernel); XLA's command
+#                                 buffer settings: -vt (update mode SKIP_TEMP: fixed addresses
+#                                 for temporaries), -vp (SKIP_PROFILED, with --warmup 4: it
+#                                 runs an executable's first 3 executions op by op), -cr
+#                                 (scheduling mode CONCURRENT_REGIONS), -tg (CUDA graphs kept
+#                                 under the profiler, so --trace sees the untraced runs' mode);
+#                                 these suffixes combine (one-ms-whole); a mode listed twice
+#                                 runs twice, into e2e_<mode> and e2e_<mode>.2
 #   ATTN_BENCH=1                  then run benchmarks/attention_bench.py (tree_attention vs the
 #                                 run's ceilings and XLA; $OUT/attention.jsonl, attention.md),
 #                                 extra arguments in ATTN_ARGS (e.g. "--dtypes f32"), interrupted
@@ -139,11 +144,18 @@ if [ "${E2E:-0}" != 0 ]; then
     case "$digits" in *-lean[248] | *-reg[1248]) norm=${digits##*-} ;; esac
     case "$digits" in *-dp*) decomp=d ;; esac
     case "$digits" in *-ms*) barrier=memset ;; esac
+    xla=""
+    case "$digits" in *-vt*) xla="$xla --xla_gpu_command_buffer_update_mode=SKIP_TEMP" ;; esac
+    case "$digits" in *-vp*)
+      xla="$xla --xla_gpu_command_buffer_update_mode=SKIP_PROFILED" extra="$extra --warmup 4" ;;
+    esac
+    case "$digits" in *-cr*) xla="$xla --xla_gpu_command_buffer_scheduling_mode=CONCURRENT_REGIONS" ;; esac
+    case "$digits" in *-tg*) xla="$xla --xla_enable_command_buffers_during_profiling=true" ;; esac
     # Both 27B models (int8 28-56 GB, bf16 ~54 GB) and the KV pool live on the card at once.
     # shellcheck disable=SC2086 (E2E_ARGS is a list of arguments)
     PRISM_TREE_ATTENTION_MERGE_BATCH=$batch PRISM_RMSNORM_KERNEL=$norm \
       PRISM_INT8_GEMM_DECOMP=$decomp PRISM_INT8_GEMM_BARRIER=$barrier \
-      XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 \
+      XLA_FLAGS="${XLA_FLAGS:-}$xla" XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 \
       timeout -s INT "${E2E_TIMEOUT:-560}" \
       $PY benchmarks/e2e_decide.py --preset gemma3-27b --out "$dir" ${E2E_ARGS:-} $extra 2>&1 |
       tee "$dir/e2e.log"

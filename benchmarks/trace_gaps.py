@@ -8,7 +8,9 @@ longer than --split-ms separates steps (host work between runs: scheduling, read
 gaps are inside a step, the launch and dependency overhead that makes a forward's wall time
 exceed its kernel time. Each inner gap is charged to the pair (op group of the kernel before it,
 op group of the kernel after it), so a gap that follows every custom call of one kind shows up
-as one row. On the host plane it sums the XLA runtime's events by name (thunk execution, command
+as one row; the largest inner gaps are also listed one by one (top_gap rows), with their step,
+their offset from the step's first kernel and the kernels on either side, which places a
+one-off gap (a host wait at a part boundary, before a copy) in the step. On the host plane it sums the XLA runtime's events by name (thunk execution, command
 buffer updates), which says whether the host or the GPU sets the pace.
 Prints one JSON line per row, in ms per run when --runs gives the number of traced runs.
 """
@@ -24,6 +26,7 @@ from jax.profiler import ProfileData
 from trace_breakdown import group_of
 
 HIST_US = (2, 5, 10, 20, 50, 100, 1000)  # upper bounds of the gap histogram's bins
+TOP_GAPS = 12  # inner gaps listed one by one, largest first
 
 
 def load_planes(trace_dir: pathlib.Path) -> list:
@@ -77,6 +80,8 @@ def gap_rows(events: list[tuple[float, float, str]], runs: int, split_ns: float)
     step_start = cur_start
     pairs: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
     hist: dict[str, list[float]] = collections.defaultdict(list)
+    inner: list[tuple[float, int, float, str, str]] = []  # (gap, step, offset, before, after)
+    step = 0
     for start, end, name in events[1:]:
         if start <= cur_end:  # overlaps the busy interval (another stream): extend it
             if end > cur_end:
@@ -86,10 +91,11 @@ def gap_rows(events: list[tuple[float, float, str]], runs: int, split_ns: float)
         gap = start - cur_end
         if gap >= split_ns:  # a new step begins
             span += cur_end - step_start
-            step_start = start
+            step_start, step = start, step + 1
         else:
             pairs[(group_of(cur_name), group_of(name))].append(gap)
             hist[_hist_bin(gap / 1e3)].append(gap)
+            inner.append((gap, step, cur_end - step_start, cur_name, name))
         cur_start, cur_end, cur_name = start, end, name
     busy += cur_end - cur_start
     span += cur_end - step_start
@@ -119,7 +125,24 @@ def gap_rows(events: list[tuple[float, float, str]], runs: int, split_ns: float)
                 "mean_us": sum(v) / len(v) / 1e3,
             }
         )
-    return rows
+    return rows + top_gap_rows(inner)
+
+
+def top_gap_rows(inner: list[tuple[float, int, float, str, str]]) -> list[dict]:
+    """The TOP_GAPS largest inner gaps, one row each: where in which step, between what."""
+    return [
+        {
+            "kind": "top_gap",
+            "gap_us": gap / 1e3,
+            "step": step,
+            "at_ms": offset / 1e6,  # from the step's first kernel to the gap's start
+            "after_op": group_of(before),
+            "before_op": group_of(after),
+            "after_kernel": before[:120],
+            "before_kernel": after[:120],
+        }
+        for gap, step, offset, before, after in sorted(inner, key=lambda g: -g[0])[:TOP_GAPS]
+    ]
 
 
 def host_rows(planes: list, runs: int, top: int = 20) -> list[dict]:

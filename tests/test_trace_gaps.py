@@ -48,3 +48,20 @@ def test_run_bounds_measure_host_time_around_the_kernels():
     assert row["tail_ms"] == pytest.approx((10 + 30) / 2 * 1e-3)
     assert row["wall_ms"] == pytest.approx((40 + 50) / 2 * 1e-3)
     assert bounds_rows(events, [(200 * US, 300 * US)]) == []
+
+
+def test_top_gaps_place_the_largest_gaps_in_their_step():
+    events = [
+        (0 * US, 10 * US, "cutlass_gemm_kernel"),
+        (14 * US, 16 * US, "prism::NormSplitRowsKernel"),
+        (46 * US, 60 * US, "prism::block::BlockAttendKernel"),
+        (5060 * US, 5070 * US, "cutlass_gemm_kernel"),
+        (5170 * US, 5172 * US, "prism::NormSplitRowsKernel"),
+    ]
+    tops = [r for r in gap_rows(events, runs=2, split_ns=1000 * US) if r["kind"] == "top_gap"]
+    assert [r["gap_us"] for r in tops] == pytest.approx([100, 30, 4])
+    assert [r["step"] for r in tops] == [1, 0, 0]
+    assert tops[0]["at_ms"] == pytest.approx(0.010)  # 10 us after step 1's first kernel
+    assert tops[1]["at_ms"] == pytest.approx(0.016)
+    assert (tops[1]["after_op"], tops[1]["before_op"]) == ("rmsnorm_quant", "tree_attention")
+    assert tops[0]["before_kernel"] == "prism::NormSplitRowsKernel"
