@@ -10,8 +10,10 @@ exceed its kernel time. Each inner gap is charged to the pair (op group of the k
 op group of the kernel after it), so a gap that follows every custom call of one kind shows up
 as one row; the largest inner gaps are also listed one by one (top_gap rows), with their step,
 their offset from the step's first kernel and the kernels on either side, which places a
-one-off gap (a host wait at a part boundary, before a copy) in the step. On the host plane it sums the XLA runtime's events by name (thunk execution, command
-buffer updates), which says whether the host or the GPU sets the pace.
+one-off gap (a host wait at a part boundary, before a copy) in the step. On the host plane it
+sums the XLA runtime's events by name (thunk execution, command buffer updates), which says
+whether the host or the GPU sets the pace. Under the profiler XLA runs command buffers op by
+op unless XLA_FLAGS has --xla_enable_command_buffers_during_profiling=true (gpu_suite's -tg).
 Prints one JSON line per row, in ms per run when --runs gives the number of traced runs.
 """
 
