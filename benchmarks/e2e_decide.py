@@ -171,9 +171,7 @@ def compile_baseline(baseline: Baseline | None, s: Scenario, compile_s: dict) ->
             log(f"compiled {key} in {compile_s[key]:.1f} s")
 
 
-def measure(
-    engine: Engine, baseline, s: Scenario, runs: int, chunk: int, warmup: int = 1
-) -> dict:
+def measure(engine: Engine, baseline, s: Scenario, runs: int, chunk: int, warmup: int = 1) -> dict:
     compilations = engine.runner.compilations  # everything was compiled beforehand
     engine.cache.clear()
     for q in s.prefill:  # untimed: fills the prefix cache
