@@ -44,7 +44,7 @@ from bench_common import commit, stats, timed  # benchmarks/ is sys.path[0] as a
 from e2e_baseline import Baseline, baseline_requests, measure_baseline
 from e2e_report import render
 
-from prism_jax import model
+from prism_jax import model, ops
 from prism_jax.config import COMMAND_BUFFERS, GEMMA3_27B, EngineConfig, ModelConfig
 from prism_jax.engine import Engine
 from prism_jax.forest import bucket
@@ -317,6 +317,7 @@ def meta(args, config: ModelConfig) -> dict:
         "layers_per_call": args.layers_per_call,
         "readout_only_last_layer": not args.whole_last_layer,
         "warmup_runs": getattr(args, "warmup", 1),
+        "kv_write": "qkv_rope" if ops.kv_write_fused() else "tree_attention",  # PRISM_QKV_ROPE_KV
         # What XLA ran under (command buffer modes, profiling with graphs): A/Bs differ here.
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         # Not a result: another model, another device or fewer runs than DESIGN.md asks for.

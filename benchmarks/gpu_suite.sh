@@ -43,6 +43,8 @@
 #                                 runs an executable's first 3 executions op by op), -cr
 #                                 (scheduling mode CONCURRENT_REGIONS), -tg (CUDA graphs kept
 #                                 under the profiler, so --trace sees the untraced runs' mode);
+#                                 -kv with PRISM_QKV_ROPE_KV=on (qkv_rope stores k and v in the
+#                                 pool; tree_attention's write kernel is skipped);
 #                                 these suffixes combine (one-ms-whole); a mode listed twice
 #                                 runs twice, into e2e_<mode> and e2e_<mode>.2
 #   ATTN_BENCH=1                  then run benchmarks/attention_bench.py (tree_attention vs the
@@ -139,11 +141,12 @@ if [ "${E2E:-0}" != 0 ]; then
     case "$digits" in one*) extra=--single-digit ;; esac
     case "$digits" in *-attn*) extra="$extra --attention digits" ;; esac
     case "$digits" in *-whole*) extra="$extra --whole-last-layer" ;; esac
-    batch="" norm="" decomp="" barrier=""
+    batch="" norm="" decomp="" barrier="" kvstore=off
     case "$digits" in *-b8*) batch=8 ;; esac
     case "$digits" in *-lean[248] | *-reg[1248]) norm=${digits##*-} ;; esac
     case "$digits" in *-dp*) decomp=d ;; esac
     case "$digits" in *-ms*) barrier=memset ;; esac
+    case "$digits" in *-kv*) kvstore=on ;; esac
     xla=""
     case "$digits" in *-vt*) xla="$xla --xla_gpu_command_buffer_update_mode=SKIP_TEMP" ;; esac
     case "$digits" in *-vp*)
@@ -153,7 +156,7 @@ if [ "${E2E:-0}" != 0 ]; then
     case "$digits" in *-tg*) xla="$xla --xla_enable_command_buffers_during_profiling=true" ;; esac
     # Both 27B models (int8 28-56 GB, bf16 ~54 GB) and the KV pool live on the card at once.
     # shellcheck disable=SC2086 (E2E_ARGS is a list of arguments)
-    PRISM_TREE_ATTENTION_MERGE_BATCH=$batch PRISM_RMSNORM_KERNEL=$norm \
+    PRISM_TREE_ATTENTION_MERGE_BATCH=$batch PRISM_RMSNORM_KERNEL=$norm PRISM_QKV_ROPE_KV=$kvstore \
       PRISM_INT8_GEMM_DECOMP=$decomp PRISM_INT8_GEMM_BARRIER=$barrier \
       XLA_FLAGS="${XLA_FLAGS:-}$xla" XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 \
       timeout -s INT "${E2E_TIMEOUT:-560}" \

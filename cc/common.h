@@ -19,6 +19,12 @@ namespace ffi = xla::ffi;
     if (!(cond)) return ::xla::ffi::Error::InvalidArgument(msg);   \
   } while (0)
 
+// Returns a check's failure (an ffi::Error) from the enclosing handler.
+#define PRISM_RETURN_IF_ERROR(expr)                        \
+  do {                                                     \
+    if (::xla::ffi::Error e_ = (expr); e_.failure()) return e_; \
+  } while (0)
+
 inline std::string DimsToString(ffi::AnyBuffer::Dimensions dims) {
   std::string s = "[";
   for (size_t i = 0; i < dims.size(); ++i) {

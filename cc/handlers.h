@@ -24,6 +24,8 @@
   X("prism_quantize_rows", PrismQuantizeRowsCpu, PrismQuantizeRowsCuda)        \
   X("prism_qkv_rope", PrismQkvRopeCpu, PrismQkvRopeCuda)                      \
   X("prism_qkv_rope_sum", PrismQkvRopeSumCpu, PrismQkvRopeSumCuda)             \
+  X("prism_qkv_rope_kv", PrismQkvRopeKvCpu, PrismQkvRopeKvCuda)                \
+  X("prism_qkv_rope_sum_kv", PrismQkvRopeSumKvCpu, PrismQkvRopeSumKvCuda)      \
   X("prism_candidate_head", PrismCandidateHeadCpu, PrismCandidateHeadCuda)     \
   X("prism_vocab_logsumexp", PrismVocabLogSumExpCpu, PrismVocabLogSumExpCuda) \
   X("prism_tree_attention", PrismTreeAttentionCpu, PrismTreeAttentionCuda)      \

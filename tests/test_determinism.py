@@ -2,8 +2,9 @@
 probabilities keep their exact bits when it is asked (a) alone, (b) with 2, 7 or 31 other
 questions on the same state, (c) next to unrelated requests in the same step, (d) after a
 prefix-cache hit on its state, (e) with the state split across prefill chunks at arbitrary
-boundaries, (f) in a larger token bucket, (g) with other pages free or taken; and the pure
-make_decide_fn gives the engine's bits. Tiny random INT8 models (Gemma 3 with sliding layers,
+boundaries, (f) in a larger token bucket, (g) with other pages free or taken, (j) with k and v
+stored into the pool by qkv_rope instead of tree_attention; and the pure make_decide_fn gives
+the engine's bits. Tiny random INT8 models (Gemma 3 with sliding layers,
 Qwen 3), a state longer than two attention tiles; on CPU here and on the H200 through
 benchmarks/gpu_suite.sh (the `device` parameter)."""
 
@@ -178,6 +179,28 @@ def test_the_whole_last_layer_gives_the_same_bits(setup, rng):
     assert hit.cached_tokens(0) == ref.cached_tokens(0) == ROOT + TRUNK
     for a, b in zip(hit.probabilities, ref.probabilities, strict=True):
         _check(a, b, "20 readout rows on a cache hit")
+
+
+def test_kv_stored_by_qkv_rope_gives_the_same_bits(setup, rng, monkeypatch):
+    """(j) PRISM_QKV_ROPE_KV=on: qkv_rope stores each layer's k and v in the pool and
+    tree_attention skips its write; a forest, prefill in chunks and a prefix-cache hit on the
+    keys it stored."""
+    device, engine, qs, _ = setup
+    batch = [qs[0], qs[3], qs[7]]
+    chunk = int(rng.integers(20, 120))
+    want = _cold(device, engine, batch) + _cold(device, engine, batch, chunk=chunk)
+    _run(device, engine, [qs[1]])
+    want_hit = _run(device, engine, [qs[5], qs[6]]).probabilities
+    monkeypatch.setenv("PRISM_QKV_ROPE_KV", "on")  # read when a step is traced
+    with jax.default_device(device):
+        fused = Engine(engine.config, engine.params, None, None, engine_config=BUCKETS)
+    fused.root_len = ROOT
+    got = _cold(device, fused, batch) + _cold(device, fused, batch, chunk=chunk)
+    _run(device, fused, [qs[1]])
+    hit = _run(device, fused, [qs[5], qs[6]])
+    assert hit.cached_tokens(0) == ROOT + TRUNK
+    for a, b in zip(got + hit.probabilities, want + want_hit, strict=True):
+        _check(a, b, "k and v stored by qkv_rope")
 
 
 def test_make_decide_fn_gives_the_engines_bits(setup):

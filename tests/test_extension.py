@@ -24,6 +24,8 @@ TARGETS = {
     "prism_quantize_rows",
     "prism_qkv_rope",
     "prism_qkv_rope_sum",
+    "prism_qkv_rope_kv",
+    "prism_qkv_rope_sum_kv",
     "prism_candidate_head",
     "prism_vocab_logsumexp",
     "prism_tree_attention",

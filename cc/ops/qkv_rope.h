@@ -18,6 +18,15 @@
 //   y2 f32 [2T, K, G + 2, H] (x1 W1 stacked over x2 W1), y_w2 f32 [T, K, G + 2, H] (x1 W2)
 // and reads qkv[t] = y2[t] + (y2[T + t] + y_w2[t]), each add rounded, in Int8Linear's order:
 // the same bits as the XLA sum it replaces, without writing that sum out.
+//
+// prism_qkv_rope_kv and prism_qkv_rope_sum_kv store k and v straight into the layer's pools
+// instead of returning them, so prism_tree_attention (called with no new rows) skips its own
+// write kernel and the k/v round trip through memory:
+//   ... q_gamma, k_gamma, k_pages, v_pages f32 [P, L, K, H], slot s32 [T]
+//   -> q f32 [T, K * G, H], k_pages, v_pages (aliased to the operands)
+// Token t's k and v land at pool row slot[t] (tree_attention.h's write: a slot outside
+// [0, P * L) writes nothing; when tokens share a slot the CPU keeps the last one's, as
+// tree_attention's CPU write does, and CUDA, like its write kernel, any one's).
 #pragma once
 
 #include <cstdint>
@@ -31,10 +40,20 @@ struct QkvRopeDims {
   int64_t t, k, g, h;  // tokens, kv heads, query heads per kv head, head dim
 };
 
+// Where the (token t, kv head h) rows of k and v go: row t * K + h of the k and v results, or,
+// with a slot table (the _kv variants), row slot[t] * K + h of the pools, none when slot[t]
+// lies outside [0, pool_rows).
+struct KvDest {
+  float* k;
+  float* v;
+  const int32_t* slot;  // null: the results
+  int64_t pool_rows;    // P * L
+};
+
+// The operands every variant shares, and q.
 inline ffi::Error CheckQkvRope(ffi::AnyBuffer::Dimensions qkv, ffi::AnyBuffer::Dimensions cos,
                                ffi::AnyBuffer::Dimensions sin, ffi::AnyBuffer::Dimensions qg,
                                ffi::AnyBuffer::Dimensions kg, ffi::AnyBuffer::Dimensions q,
-                               ffi::AnyBuffer::Dimensions k, ffi::AnyBuffer::Dimensions v,
                                QkvRopeDims* dm) {
   const std::string op = "prism_qkv_rope: ";
   PRISM_REQUIRE(qkv.size() == 4 && qkv[2] >= 3,
@@ -49,10 +68,33 @@ inline ffi::Error CheckQkvRope(ffi::AnyBuffer::Dimensions qkv, ffi::AnyBuffer::D
                 op + "q_gamma and k_gamma must be [H] for qkv " + DimsToString(qkv));
   PRISM_REQUIRE(q.size() == 3 && q[0] == dm->t && q[1] == dm->k * dm->g && q[2] == dm->h,
                 op + "q must be [T, K * G, H] for qkv " + DimsToString(qkv));
+  return ffi::Error::Success();
+}
+
+// prism_qkv_rope(_sum)'s k and v results.
+inline ffi::Error CheckKvRows(ffi::AnyBuffer::Dimensions k, ffi::AnyBuffer::Dimensions v,
+                              const QkvRopeDims& dm) {
   for (const auto& kv : {k, v}) {
-    PRISM_REQUIRE(kv.size() == 3 && kv[0] == dm->t && kv[1] == dm->k && kv[2] == dm->h,
-                  op + "k and v must be [T, K, H] for qkv " + DimsToString(qkv));
+    PRISM_REQUIRE(kv.size() == 3 && kv[0] == dm.t && kv[1] == dm.k && kv[2] == dm.h,
+                  "prism_qkv_rope: k and v must be [T, K, H] = [" + std::to_string(dm.t) + ", " +
+                      std::to_string(dm.k) + ", " + std::to_string(dm.h) + "], got " +
+                      DimsToString(kv));
   }
+  return ffi::Error::Success();
+}
+
+// The _kv variants' pools and slot; *pool_rows = P * L.
+inline ffi::Error CheckKvPools(ffi::AnyBuffer::Dimensions kp, ffi::AnyBuffer::Dimensions vp,
+                               ffi::AnyBuffer::Dimensions slot, const QkvRopeDims& dm,
+                               int64_t* pool_rows) {
+  const std::string op = "prism_qkv_rope_kv: ";
+  PRISM_REQUIRE(kp.size() == 4 && kp[2] == dm.k && kp[3] == dm.h,
+                op + "k_pages must be [P, L, K, H] with K = " + std::to_string(dm.k) +
+                    " and H = " + std::to_string(dm.h) + ", got " + DimsToString(kp));
+  PRISM_REQUIRE(DimsToString(vp) == DimsToString(kp), op + "v_pages must match k_pages");
+  PRISM_REQUIRE(slot.size() == 1 && slot[0] == dm.t,
+                op + "slot must be [T] with T = " + std::to_string(dm.t));
+  *pool_rows = kp[0] * kp[1];
   return ffi::Error::Success();
 }
 
@@ -60,13 +102,12 @@ inline ffi::Error CheckQkvRope(ffi::AnyBuffer::Dimensions qkv, ffi::AnyBuffer::D
 inline ffi::Error CheckQkvRopeSum(ffi::AnyBuffer::Dimensions y2, ffi::AnyBuffer::Dimensions y_w2,
                                   ffi::AnyBuffer::Dimensions cos, ffi::AnyBuffer::Dimensions sin,
                                   ffi::AnyBuffer::Dimensions qg, ffi::AnyBuffer::Dimensions kg,
-                                  ffi::AnyBuffer::Dimensions q, ffi::AnyBuffer::Dimensions k,
-                                  ffi::AnyBuffer::Dimensions v, QkvRopeDims* dm) {
+                                  ffi::AnyBuffer::Dimensions q, QkvRopeDims* dm) {
   PRISM_REQUIRE(y2.size() == 4 && y_w2.size() == 4 && y2[0] == 2 * y_w2[0] &&
                     y2[1] == y_w2[1] && y2[2] == y_w2[2] && y2[3] == y_w2[3],
                 "prism_qkv_rope_sum: y2 must be [2T, K, G + 2, H] for y_w2 [T, K, G + 2, H], "
                 "got " + DimsToString(y2) + " and " + DimsToString(y_w2));
-  return CheckQkvRope(y_w2, cos, sin, qg, kg, q, k, v, dm);
+  return CheckQkvRope(y_w2, cos, sin, qg, kg, q, dm);
 }
 
 }  // namespace prism

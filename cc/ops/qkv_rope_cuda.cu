@@ -7,10 +7,13 @@
 // The rotation's partner y[d +- H / 2] lives H / 16 sub-lanes away and comes by one shuffle.
 // Every load (x, gamma, cos, sin) is issued before the first use, so a row costs one memory
 // round trip. Every multiply and add is separately rounded (-fmad=false, __fmul_rn / __fadd_rn).
+// The _kv variants store k and v rows at their pool rows (KvDest) instead of the k/v results,
+// which saves tree_attention's write kernel and a read and write of k and v per layer.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "cc/common.h"
 #include "cc/cuda_common.cuh"
@@ -32,8 +35,7 @@ struct QkvRopeArgs {
   const float* q_gamma;
   const float* k_gamma;
   float* q;
-  float* k;
-  float* v;
+  KvDest kv;  // the k/v results, or the pools at slot[t]
   QkvRopeDims dm;
   float eps, weight_offset;
   bool qk_norm;
@@ -105,8 +107,14 @@ __global__ void __launch_bounds__(kRopeWarps * kWarpSize)
 #pragma unroll
   for (int i = 0; i < kVec; ++i) p[i] = __shfl_sync(kFullMask, x[i], partner);
   if (!here) return;
+  int64_t kv_row = tk;  // k and v: row t * K + kv head of the results, or of the pools
+  if (!is_q && a.kv.slot != nullptr) {
+    const int64_t sl = a.kv.slot[t];
+    if (sl < 0 || sl >= a.kv.pool_rows) return;  // tree_attention's write skips it too
+    kv_row = sl * dm.k + tk % dm.k;
+  }
   if (is_v) {
-    Store8(a.v + tk * dm.h + sub * kVec, x);
+    Store8(a.kv.v + kv_row * dm.h + sub * kVec, x);
     return;
   }
   float out[kVec];
@@ -115,7 +123,7 @@ __global__ void __launch_bounds__(kRopeWarps * kWarpSize)
     const float yc = __fmul_rn(x[i], c[i]), ps = __fmul_rn(p[i], s[i]);
     out[i] = low ? __fsub_rn(yc, ps) : __fadd_rn(yc, ps);
   }
-  float* dst = is_q ? a.q + (tk * dm.g + slot) * dm.h : a.k + tk * dm.h;
+  float* dst = is_q ? a.q + (tk * dm.g + slot) * dm.h : a.kv.k + kv_row * dm.h;
   Store8(dst + sub * kVec, out);
 }
 
@@ -133,7 +141,7 @@ ffi::Error Launch(cudaStream_t stream, const QkvRopeArgs& a) {
                         static_cast<const void*>(a.cos),
                         static_cast<const void*>(a.sin), static_cast<const void*>(a.q_gamma),
                         static_cast<const void*>(a.k_gamma), static_cast<const void*>(a.q),
-                        static_cast<const void*>(a.k), static_cast<const void*>(a.v)}) {
+                        static_cast<const void*>(a.kv.k), static_cast<const void*>(a.kv.v)}) {
     PRISM_REQUIRE(Aligned(p), op + "every buffer must be 16-byte aligned");
   }
   const int64_t rows = a.dm.t * a.dm.k * (a.dm.g + 2);
@@ -145,6 +153,24 @@ ffi::Error Launch(cudaStream_t stream, const QkvRopeArgs& a) {
   return LaunchStatus("prism_qkv_rope");
 }
 
+// The _kv variants' destination: the result pools, holding the operand pools' contents first
+// (XLA aliases them, so the copy is only for a caller that did not donate).
+ffi::Error PoolDest(cudaStream_t stream, ffi::BufferR4<ffi::F32>& k_pages,
+                    ffi::BufferR4<ffi::F32>& v_pages, ffi::BufferR1<ffi::S32>& slot,
+                    ffi::Result<ffi::BufferR4<ffi::F32>>& k_out,
+                    ffi::Result<ffi::BufferR4<ffi::F32>>& v_out, int64_t pool_rows,
+                    KvDest* dst) {
+  for (auto [in, res] : {std::pair{&k_pages, &k_out}, std::pair{&v_pages, &v_out}}) {
+    if ((*res)->untyped_data() != in->untyped_data() && in->size_bytes() > 0) {
+      const cudaError_t e = cudaMemcpyAsync((*res)->untyped_data(), in->untyped_data(),
+                                            in->size_bytes(), cudaMemcpyDeviceToDevice, stream);
+      PRISM_REQUIRE(e == cudaSuccess, "prism_qkv_rope_kv: pool copy failed");
+    }
+  }
+  *dst = {k_out->typed_data(), v_out->typed_data(), slot.typed_data(), pool_rows};
+  return ffi::Error::Success();
+}
+
 ffi::Error QkvRopeCuda(cudaStream_t stream, ffi::BufferR4<ffi::F32> qkv,
                        ffi::BufferR2<ffi::F32> cos, ffi::BufferR2<ffi::F32> sin,
                        ffi::BufferR1<ffi::F32> q_gamma, ffi::BufferR1<ffi::F32> k_gamma,
@@ -153,14 +179,13 @@ ffi::Error QkvRopeCuda(cudaStream_t stream, ffi::BufferR4<ffi::F32> qkv,
                        ffi::Result<ffi::BufferR3<ffi::F32>> v, float eps, float weight_offset,
                        int32_t qk_norm) {
   QkvRopeArgs a{qkv.typed_data(), nullptr, nullptr, cos.typed_data(), sin.typed_data(),
-                q_gamma.typed_data(), k_gamma.typed_data(), q->typed_data(), k->typed_data(),
-                v->typed_data(), {}, eps, weight_offset, qk_norm != 0};
-  if (ffi::Error e = CheckQkvRope(qkv.dimensions(), cos.dimensions(), sin.dimensions(),
-                                  q_gamma.dimensions(), k_gamma.dimensions(), q->dimensions(),
-                                  k->dimensions(), v->dimensions(), &a.dm);
-      e.failure()) {
-    return e;
-  }
+                q_gamma.typed_data(), k_gamma.typed_data(), q->typed_data(),
+                {k->typed_data(), v->typed_data(), nullptr, 0}, {}, eps, weight_offset,
+                qk_norm != 0};
+  PRISM_RETURN_IF_ERROR(CheckQkvRope(qkv.dimensions(), cos.dimensions(), sin.dimensions(),
+                                     q_gamma.dimensions(), k_gamma.dimensions(),
+                                     q->dimensions(), &a.dm));
+  PRISM_RETURN_IF_ERROR(CheckKvRows(k->dimensions(), v->dimensions(), a.dm));
   return Launch(stream, a);
 }
 
@@ -173,14 +198,56 @@ ffi::Error QkvRopeSumCuda(cudaStream_t stream, ffi::BufferR4<ffi::F32> y2,
                           ffi::Result<ffi::BufferR3<ffi::F32>> v, float eps,
                           float weight_offset, int32_t qk_norm) {
   QkvRopeArgs a{nullptr, y2.typed_data(), y_w2.typed_data(), cos.typed_data(), sin.typed_data(),
-                q_gamma.typed_data(), k_gamma.typed_data(), q->typed_data(), k->typed_data(),
-                v->typed_data(), {}, eps, weight_offset, qk_norm != 0};
-  if (ffi::Error e = CheckQkvRopeSum(y2.dimensions(), y_w2.dimensions(), cos.dimensions(),
-                                     sin.dimensions(), q_gamma.dimensions(), k_gamma.dimensions(),
-                                     q->dimensions(), k->dimensions(), v->dimensions(), &a.dm);
-      e.failure()) {
-    return e;
-  }
+                q_gamma.typed_data(), k_gamma.typed_data(), q->typed_data(),
+                {k->typed_data(), v->typed_data(), nullptr, 0}, {}, eps, weight_offset,
+                qk_norm != 0};
+  PRISM_RETURN_IF_ERROR(CheckQkvRopeSum(y2.dimensions(), y_w2.dimensions(), cos.dimensions(),
+                                        sin.dimensions(), q_gamma.dimensions(),
+                                        k_gamma.dimensions(), q->dimensions(), &a.dm));
+  PRISM_RETURN_IF_ERROR(CheckKvRows(k->dimensions(), v->dimensions(), a.dm));
+  return Launch(stream, a);
+}
+
+ffi::Error QkvRopeKvCuda(cudaStream_t stream, ffi::BufferR4<ffi::F32> qkv,
+                         ffi::BufferR2<ffi::F32> cos, ffi::BufferR2<ffi::F32> sin,
+                         ffi::BufferR1<ffi::F32> q_gamma, ffi::BufferR1<ffi::F32> k_gamma,
+                         ffi::BufferR4<ffi::F32> k_pages, ffi::BufferR4<ffi::F32> v_pages,
+                         ffi::BufferR1<ffi::S32> slot, ffi::Result<ffi::BufferR3<ffi::F32>> q,
+                         ffi::Result<ffi::BufferR4<ffi::F32>> k_out,
+                         ffi::Result<ffi::BufferR4<ffi::F32>> v_out, float eps,
+                         float weight_offset, int32_t qk_norm) {
+  QkvRopeArgs a{qkv.typed_data(), nullptr, nullptr, cos.typed_data(), sin.typed_data(),
+                q_gamma.typed_data(), k_gamma.typed_data(), q->typed_data(), {}, {}, eps,
+                weight_offset, qk_norm != 0};
+  int64_t pool_rows = 0;
+  PRISM_RETURN_IF_ERROR(CheckQkvRope(qkv.dimensions(), cos.dimensions(), sin.dimensions(),
+                                     q_gamma.dimensions(), k_gamma.dimensions(),
+                                     q->dimensions(), &a.dm));
+  PRISM_RETURN_IF_ERROR(CheckKvPools(k_pages.dimensions(), v_pages.dimensions(),
+                                     slot.dimensions(), a.dm, &pool_rows));
+  PRISM_RETURN_IF_ERROR(PoolDest(stream, k_pages, v_pages, slot, k_out, v_out, pool_rows, &a.kv));
+  return Launch(stream, a);
+}
+
+ffi::Error QkvRopeSumKvCuda(cudaStream_t stream, ffi::BufferR4<ffi::F32> y2,
+                            ffi::BufferR4<ffi::F32> y_w2, ffi::BufferR2<ffi::F32> cos,
+                            ffi::BufferR2<ffi::F32> sin, ffi::BufferR1<ffi::F32> q_gamma,
+                            ffi::BufferR1<ffi::F32> k_gamma, ffi::BufferR4<ffi::F32> k_pages,
+                            ffi::BufferR4<ffi::F32> v_pages, ffi::BufferR1<ffi::S32> slot,
+                            ffi::Result<ffi::BufferR3<ffi::F32>> q,
+                            ffi::Result<ffi::BufferR4<ffi::F32>> k_out,
+                            ffi::Result<ffi::BufferR4<ffi::F32>> v_out, float eps,
+                            float weight_offset, int32_t qk_norm) {
+  QkvRopeArgs a{nullptr, y2.typed_data(), y_w2.typed_data(), cos.typed_data(), sin.typed_data(),
+                q_gamma.typed_data(), k_gamma.typed_data(), q->typed_data(), {}, {}, eps,
+                weight_offset, qk_norm != 0};
+  int64_t pool_rows = 0;
+  PRISM_RETURN_IF_ERROR(CheckQkvRopeSum(y2.dimensions(), y_w2.dimensions(), cos.dimensions(),
+                                        sin.dimensions(), q_gamma.dimensions(),
+                                        k_gamma.dimensions(), q->dimensions(), &a.dm));
+  PRISM_RETURN_IF_ERROR(CheckKvPools(k_pages.dimensions(), v_pages.dimensions(),
+                                     slot.dimensions(), a.dm, &pool_rows));
+  PRISM_RETURN_IF_ERROR(PoolDest(stream, k_pages, v_pages, slot, k_out, v_out, pool_rows, &a.kv));
   return Launch(stream, a);
 }
 
@@ -189,20 +256,31 @@ ffi::Error QkvRopeSumCuda(cudaStream_t stream, ffi::BufferR4<ffi::F32> y2,
 
 namespace ffi = xla::ffi;
 
+// The operands of prism_qkv_rope after qkv (or y2, y_w2), the results and the attributes.
+#define PRISM_ROPE_TABLES                                      \
+  .Arg<ffi::BufferR2<ffi::F32>>()     /* cos [T, H / 2] */    \
+      .Arg<ffi::BufferR2<ffi::F32>>() /* sin [T, H / 2] */    \
+      .Arg<ffi::BufferR1<ffi::F32>>() /* q_gamma [H] */       \
+      .Arg<ffi::BufferR1<ffi::F32>>() /* k_gamma [H] */
+#define PRISM_ROPE_ATTRS \
+  .Attr<float>("eps").Attr<float>("weight_offset").Attr<int32_t>("qk_norm")
+#define PRISM_ROPE_KV_ROWS                                               \
+  .Ret<ffi::BufferR3<ffi::F32>>()     /* q [T, K * G, H] */             \
+      .Ret<ffi::BufferR3<ffi::F32>>() /* k [T, K, H] */                 \
+      .Ret<ffi::BufferR3<ffi::F32>>() /* v [T, K, H] */
+#define PRISM_ROPE_KV_POOLS                                                        \
+  .Arg<ffi::BufferR4<ffi::F32>>()     /* k_pages [P, L, K, H] */                  \
+      .Arg<ffi::BufferR4<ffi::F32>>() /* v_pages [P, L, K, H] */                  \
+      .Arg<ffi::BufferR1<ffi::S32>>() /* slot [T] */                              \
+      .Ret<ffi::BufferR3<ffi::F32>>() /* q [T, K * G, H] */                       \
+      .Ret<ffi::BufferR4<ffi::F32>>() /* k_pages (aliased) */                     \
+      .Ret<ffi::BufferR4<ffi::F32>>() /* v_pages (aliased) */
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismQkvRopeCuda, prism::QkvRopeCuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::BufferR4<ffi::F32>>()  // qkv [T, K, G + 2, H]
-                                  .Arg<ffi::BufferR2<ffi::F32>>()  // cos [T, H / 2]
-                                  .Arg<ffi::BufferR2<ffi::F32>>()  // sin [T, H / 2]
-                                  .Arg<ffi::BufferR1<ffi::F32>>()  // q_gamma [H]
-                                  .Arg<ffi::BufferR1<ffi::F32>>()  // k_gamma [H]
-                                  .Ret<ffi::BufferR3<ffi::F32>>()  // q [T, K * G, H]
-                                  .Ret<ffi::BufferR3<ffi::F32>>()  // k [T, K, H]
-                                  .Ret<ffi::BufferR3<ffi::F32>>()  // v [T, K, H]
-                                  .Attr<float>("eps")
-                                  .Attr<float>("weight_offset")
-                                  .Attr<int32_t>("qk_norm"),
+                                  PRISM_ROPE_TABLES PRISM_ROPE_KV_ROWS PRISM_ROPE_ATTRS,
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismQkvRopeSumCuda, prism::QkvRopeSumCuda,
@@ -210,14 +288,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismQkvRopeSumCuda, prism::QkvRopeSumCuda,
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::BufferR4<ffi::F32>>()  // y2 [2T, K, G + 2, H]
                                   .Arg<ffi::BufferR4<ffi::F32>>()  // y_w2 [T, K, G + 2, H]
-                                  .Arg<ffi::BufferR2<ffi::F32>>()  // cos [T, H / 2]
-                                  .Arg<ffi::BufferR2<ffi::F32>>()  // sin [T, H / 2]
-                                  .Arg<ffi::BufferR1<ffi::F32>>()  // q_gamma [H]
-                                  .Arg<ffi::BufferR1<ffi::F32>>()  // k_gamma [H]
-                                  .Ret<ffi::BufferR3<ffi::F32>>()  // q [T, K * G, H]
-                                  .Ret<ffi::BufferR3<ffi::F32>>()  // k [T, K, H]
-                                  .Ret<ffi::BufferR3<ffi::F32>>()  // v [T, K, H]
-                                  .Attr<float>("eps")
-                                  .Attr<float>("weight_offset")
-                                  .Attr<int32_t>("qk_norm"),
+                                  PRISM_ROPE_TABLES PRISM_ROPE_KV_ROWS PRISM_ROPE_ATTRS,
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismQkvRopeKvCuda, prism::QkvRopeKvCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::BufferR4<ffi::F32>>()  // qkv [T, K, G + 2, H]
+                                  PRISM_ROPE_TABLES PRISM_ROPE_KV_POOLS PRISM_ROPE_ATTRS,
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismQkvRopeSumKvCuda, prism::QkvRopeSumKvCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::BufferR4<ffi::F32>>()  // y2 [2T, K, G + 2, H]
+                                  .Arg<ffi::BufferR4<ffi::F32>>()  // y_w2 [T, K, G + 2, H]
+                                  PRISM_ROPE_TABLES PRISM_ROPE_KV_POOLS PRISM_ROPE_ATTRS,
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -112,6 +112,11 @@ PRISM_HD float Normalised(float acc, float l) { return l == 0.0f ? 0.0f : acc / 
 
 // Shapes and dtypes of the handler's buffers (a hand-written ffi_call must fail, never read
 // out of bounds); fills dm on success.
+// Whether the call writes the step's k/v (k_new has rows) or finds them in the pools already.
+inline bool WritesNewRows(const ffi::AnyBuffer& k_new) {
+  return k_new.dimensions().size() == 3 && k_new.dimensions()[0] > 0;
+}
+
 inline ffi::Error CheckTreeAttentionShapes(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k_new,
                        const ffi::AnyBuffer& v_new, const ffi::AnyBuffer& k_pages,
                        const ffi::AnyBuffer& v_pages, int64_t slot_n, int64_t pos_n,
@@ -131,12 +136,16 @@ inline ffi::Error CheckTreeAttentionShapes(const ffi::AnyBuffer& q, const ffi::A
   PRISM_REQUIRE(v_pages.element_type() == k_pages.element_type() &&
                     DimsToString(v_pages.dimensions()) == DimsToString(pd),
                 op + "v_pages must match k_pages");
+  // k_new and v_new hold the step's T rows, or none when qkv_rope wrote them (WritesNewRows).
   const std::string kv = "[" + std::to_string(dm->t) + ", " + std::to_string(dm->k) + ", " +
                          std::to_string(dm->h) + "]";
+  const std::string none = "[0, " + std::to_string(dm->k) + ", " + std::to_string(dm->h) + "]";
+  const std::string got = DimsToString(k_new.dimensions());
   for (const ffi::AnyBuffer* b : {&k_new, &v_new}) {
     PRISM_REQUIRE(b->element_type() == k_pages.element_type() &&
-                      DimsToString(b->dimensions()) == kv,
-                  op + "k_new and v_new must be " + kv + " in the pool's dtype");
+                      DimsToString(b->dimensions()) == got && (got == kv || got == none),
+                  op + "k_new and v_new must both be " + kv + " (or " + none +
+                      ": already in the pools) in the pool's dtype");
   }
   PRISM_REQUIRE(slot_n == dm->t && pos_n == dm->t && chain_n == dm->t,
                 op + "slot, positions and chain_of must be [T]");

@@ -83,7 +83,8 @@ __attribute__((always_inline)) inline void WeightedSum(const float* w, const flo
   std::memcpy(acct, a, sizeof(a));
 }
 
-// Token t's k/v rows to pool row slot[t]; slots outside the pool write nothing.
+// Token t's k/v rows to pool row slot[t]; slots outside the pool write nothing. Sequential,
+// so of tokens sharing a slot the last one's rows stay (qkv_rope_kv's CPU store keeps that).
 template <typename KV>
 void WriteNewRows(const KV* k_new, const KV* v_new, const Dims& dm, const int32_t* slot,
                   KV* k_pool, KV* v_pool) {
@@ -207,7 +208,7 @@ void AttendBlock(const Q* q, const KV* k_pool, const KV* v_pool, const Dims& dm,
 template <typename Q, typename KV>
 void Run(ffi::ThreadPool& pool, const Q* q, const KV* k_new, const KV* v_new, const Dims& dm,
          const Tables& tb, float scale, int32_t window, Q* out, KV* k_pool, KV* v_pool) {
-  WriteNewRows(k_new, v_new, dm, tb.slot, k_pool, v_pool);  // first write, then attend
+  if (k_new != nullptr) WriteNewRows(k_new, v_new, dm, tb.slot, k_pool, v_pool);  // then attend
   const Q zero = Q();  // +0 in either storage format
   std::fill(out, out + dm.t * dm.n * dm.h, zero);
   const auto blocks = ChainQueryBlocks(dm, tb, kQueryBlock);
@@ -245,9 +246,10 @@ ffi::Error TreeAttentionCpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuff
   auto run = [&](auto* qp, auto* kvp) {
     using Q = std::remove_const_t<std::remove_pointer_t<decltype(qp)>>;
     using KV = std::remove_const_t<std::remove_pointer_t<decltype(kvp)>>;
-    Run(pool, qp, k_new.reinterpret_data<KV>(), v_new.reinterpret_data<KV>(), dm, tb, scale,
-        window, out->reinterpret_data<Q>(), k_out->reinterpret_data<KV>(),
-        v_out->reinterpret_data<KV>());
+    const bool write = WritesNewRows(k_new);  // else qkv_rope stored them
+    Run(pool, qp, write ? k_new.reinterpret_data<KV>() : nullptr,
+        write ? v_new.reinterpret_data<KV>() : nullptr, dm, tb, scale, window,
+        out->reinterpret_data<Q>(), k_out->reinterpret_data<KV>(), v_out->reinterpret_data<KV>());
   };
   const bool q32 = q.element_type() == ffi::DataType::F32;
   const bool kv32 = k_pages.element_type() == ffi::DataType::F32;

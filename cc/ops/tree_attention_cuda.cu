@@ -244,8 +244,8 @@ ffi::Error Launch(cudaStream_t stream, const Workspace& ws, const Q* q, const KV
                   const KV* v_new, const Dims& dm, const Tables& tb, float scale, int32_t window,
                   Q* out, KV* k_pool, KV* v_pool) {
   const char* op = "prism_tree_attention";
-  const int64_t row = dm.k * dm.h, total = dm.t * row;
-  if (total > 0) {  // first the writes, then (same stream) the reads
+  const int64_t row = dm.k * dm.h, total = k_new != nullptr ? dm.t * row : 0;
+  if (total > 0) {  // first the writes (none: qkv_rope stored them), then (same stream) the reads
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(dm.t, kMaxWriteBlocks));
     const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
     const bool vec16 = row * static_cast<int64_t>(sizeof(KV)) % 16 == 0 && aligned(k_new) &&
@@ -328,8 +328,10 @@ ffi::Error TreeAttentionCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
     using Q = std::remove_const_t<std::remove_pointer_t<decltype(qp)>>;
     using KV = std::remove_const_t<std::remove_pointer_t<decltype(kvp)>>;
     const Workspace ws{workspace->typed_data(), static_cast<int64_t>(workspace->element_count())};
-    return Launch(stream, ws, qp, k_new.reinterpret_data<KV>(), v_new.reinterpret_data<KV>(),
-                  dm, tb, scale, window, out->reinterpret_data<Q>(),
+    const bool write = WritesNewRows(k_new);  // else qkv_rope stored them
+    return Launch(stream, ws, qp, write ? k_new.reinterpret_data<KV>() : nullptr,
+                  write ? v_new.reinterpret_data<KV>() : nullptr, dm, tb, scale, window,
+                  out->reinterpret_data<Q>(),
                   k_out->reinterpret_data<KV>(), v_out->reinterpret_data<KV>());
   };
   const bool q32 = q.element_type() == ffi::DataType::F32;

@@ -7,6 +7,9 @@ every token's k/v is still written (a step's last layer: only its readout rows a
 The masked backend is the plain-jnp path (HF parity tests, notebooks on toy inputs); the paged
 backend is what the engine runs: it writes this step's k/v into the pool and attends each
 token's chain, with the numerics of DESIGN.md (batch-, paging- and chunking-invariant).
+A backend may offer `kv_store(layer)`: the pools and slot table that qkv_rope can store k and
+v into itself (ops.kv_write_fused); the decoder then hands the filled pools back with
+`put_pools` and calls the backend with k = v = None.
 """
 
 from __future__ import annotations
@@ -68,7 +71,18 @@ class PagedAttention:
     tables: PagedTables
     kv: dict[int, tuple[jax.Array, jax.Array]]
 
-    def __call__(self, layer: int, q: jax.Array, k: jax.Array, v: jax.Array, rows=None):
+    def kv_store(self, layer: int):
+        """((k_pages, v_pages), slot) for qkv_rope to store this step's k/v into, or None where
+        the pools hold digit rows (attention in digits cuts k and v itself)."""
+        if self.config.attention_numerics == "digits" or not ops.kv_write_fused():
+            return None
+        return self.kv[layer], self.tables.slot
+
+    def put_pools(self, layer: int, pools: tuple[jax.Array, jax.Array]) -> None:
+        self.kv[layer] = pools
+
+    def __call__(self, layer: int, q: jax.Array, k, v, rows=None):
+        """k, v [T, K, H], or None when qkv_rope stored them (kv_store)."""
         c, tb = self.config, self.tables
         chain_of = tb.chain_of if rows is None else only_rows(tb.chain_of, rows)
         k_pages, v_pages = self.kv[layer]
@@ -76,10 +90,14 @@ class PagedAttention:
         digits = c.attention_numerics == "digits"
         attention = ops.tree_attention_digits if digits else ops.tree_attention
         kv_dtype = q.dtype if digits else k_pages.dtype  # digits: the kernel cuts k, v itself
+        if k is None:
+            assert not digits and v is None, "k and v come both or neither, and not in digits"
+        else:
+            k, v = k.astype(kv_dtype), v.astype(kv_dtype)
         out, k_pages, v_pages = attention(
             q,
-            k.astype(kv_dtype),
-            v.astype(kv_dtype),
+            k,
+            v,
             k_pages,
             v_pages,
             tb.slot,

@@ -81,7 +81,11 @@ class Attention(nnx.Module):
         """(T, D) output, or (R, D) for the tokens `rows` only (every token's k/v is written).
         partials: the o projection's Partials where it has them (the next norm adds them)."""
         c = self.config
-        q, k, v = self._project(x, positions)
+        store = self._kv_store(attention)
+        q, k, v = self._project(x, positions, store)
+        if store is not None:  # qkv_rope stored k and v: k, v are the filled pools
+            attention.put_pools(self.layer, (k, v))
+            k = v = None
         a = attention(self.layer, q, k, v, rows)  # (T or R, N*H)
         if self.precision == "int8":
             digits = 2 if "o" in c.int8_two_digit_rows else 1
@@ -89,8 +93,16 @@ class Attention(nnx.Module):
             return self.o.partials_or_output(aq) if partials else self.o(aq)  # (T, D)
         return self.o(a)  # (T, D)
 
-    def _project(self, x: Quantized | jax.Array, positions: jax.Array):
-        """q [T, N, H], k and v [T, K, H]: the fused projection split, qk-normed and roped."""
+    def _kv_store(self, attention):
+        """The pools and slot qkv_rope stores k and v into (ops.kv_write_fused), or None."""
+        if self.precision != "int8" or not ops.qkv_rope_supported(self.config.head_dim):
+            return None
+        kv_store = getattr(attention, "kv_store", None)  # the paged backend's
+        return kv_store(self.layer) if kv_store is not None else None
+
+    def _project(self, x: Quantized | jax.Array, positions: jax.Array, store=None):
+        """q [T, N, H], k and v [T, K, H]: the fused projection split, qk-normed and roped.
+        With store ((k_pages, v_pages), slot): q and the pools with k and v stored in them."""
         c = self.config
         inv_freq = rope_inv_freq(c, self.layer)
         if self.precision == "int8" and ops.qkv_rope_supported(c.head_dim):
@@ -100,10 +112,13 @@ class Attention(nnx.Module):
             cos, sin = ops.rope_tables(positions, inv_freq)
             gammas = (self.q_norm.gamma[...], self.k_norm.gamma[...]) if c.qk_norm else ()
             norm = dict(eps=c.rms_norm_eps, weight_offset=c.norm_weight_offset)
+            if store is not None:
+                norm.update(pools=store[0], slot=store[1])
             parts = self.qkv.int8_partials(x)  # ((2T, K, G+2, H), (T, K, G+2, H)) or None
             if parts is not None:
                 return ops.qkv_rope_sum(*parts, cos, sin, *gammas, **norm)
             return ops.qkv_rope(self.qkv(x), cos, sin, *gammas, **norm)
+        assert store is None, "k/v are stored by qkv_rope only (int8, a supported head dim)"
         qkv = self.qkv(x)  # (T, K, G+2, H)
         t, g = qkv.shape[0], c.num_groups
         q = qkv[:, :, :g].reshape(t, c.num_heads, c.head_dim)  # (T, N, H)

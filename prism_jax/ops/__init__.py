@@ -16,7 +16,13 @@ from prism_jax.ops.glu_quant import (
     glu_quant_pair,
 )
 from prism_jax.ops.int8_gemm import int8_gemm
-from prism_jax.ops.qkv_rope import qkv_rope, qkv_rope_sum, qkv_rope_supported, rope_tables
+from prism_jax.ops.qkv_rope import (
+    kv_write_fused,
+    qkv_rope,
+    qkv_rope_sum,
+    qkv_rope_supported,
+    rope_tables,
+)
 from prism_jax.ops.quantize import (
     dequantize_rows,
     quantize_remainder,
@@ -50,6 +56,7 @@ __all__ = [
     "glu_quant_pair",
     "int8_gemm",
     "pack_chains",
+    "kv_write_fused",
     "qkv_rope",
     "qkv_rope_sum",
     "qkv_rope_supported",

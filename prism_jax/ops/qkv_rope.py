@@ -7,6 +7,10 @@ and rotated by position, in one custom call (cc/ops/qkv_rope.h has the arithmeti
   qkv_rope_sum(y2 [2T, K, G + 2, H], y_w2 [T, K, G + 2, H], cos, sin, ...)
       = qkv_rope(y2[:T] + (y2[T:] + y_w2), cos, sin, ...)   (the two-digit projection's parts)
 
+With pools=(k_pages, v_pages) [P, L, K, H] and slot int32 [T], either stores k and v at pool
+row slot[t] (tree_attention's write) and returns (q, k_pages, v_pages): tree_attention then
+runs with k_new = v_new = None and skips its write kernel (PRISM_QKV_ROPE_KV, kv_write_fused).
+
 Per kv head, qkv holds its G query heads, then its key, then its value (Attention's layout).
 It replaces two rmsnorm calls, the slices feeding them and XLA's rope fusions: on the H200
 each of those ~6 launches a layer cost 2-3 us at 256 tokens. The norm is rmsnorm's canonical
@@ -26,6 +30,7 @@ from prism_jax.ops import _checks
 from prism_jax.ops._registry import require_target
 from prism_jax.ops.dispatch import Impl, resolve_impl
 from prism_jax.ops.rmsnorm_quant import _normalize_reference
+from prism_jax.ops.tree_attention import write_pool_rows
 
 _OP = "qkv_rope"
 
@@ -39,6 +44,16 @@ def qkv_rope_supported(head_dim: int) -> bool:
     if switch not in ("on", "off"):
         raise ValueError(f"PRISM_QKV_ROPE must be unset, on or off; got {switch!r}")
     return switch == "on" and head_dim % 16 == 0 and 16 <= head_dim <= 256
+
+
+def kv_write_fused() -> bool:
+    """Whether the model stores k and v in qkv_rope (pools=...) rather than in tree_attention.
+    PRISM_QKV_ROPE_KV=on; unset or off keeps tree_attention's write (the default until the
+    H200 has measured the fused store; CPU and CUDA give the same bits either way)."""
+    switch = os.environ.get("PRISM_QKV_ROPE_KV", "off")
+    if switch not in ("on", "off"):
+        raise ValueError(f"PRISM_QKV_ROPE_KV must be unset, on or off; got {switch!r}")
+    return switch == "on"
 
 
 def rope_tables(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
@@ -82,6 +97,32 @@ def _check(qkv, cos, sin, q_gamma, k_gamma, op: str = _OP, name: str = "qkv") ->
             _checks.require_dim(op, gname, g, 0, h, f"[H] with H = {h}")
 
 
+def _check_pools(pools, slot, qkv, op: str) -> None:
+    if pools is None:
+        if slot is not None:
+            raise ValueError(f"{op}: slot is only read with pools=(k_pages, v_pages)")
+        return
+    t, kv, _, h = qkv.shape
+    want = f"float32 [P, L, K, H] with K = {kv}, H = {h}"
+    if not isinstance(pools, (tuple, list)) or len(pools) != 2:
+        raise ValueError(f"{op}: pools must be (k_pages, v_pages), got {type(pools).__name__}")
+    for name, x in zip(("k_pages", "v_pages"), pools, strict=True):
+        _checks.require(op, name, x, rank=4, dtypes=[jnp.float32], expected=want)
+        if x.shape[2:] != (kv, h) or x.shape != pools[0].shape:
+            raise ValueError(f"{op}: {name} must be {want}, both alike, got {_checks.describe(x)}")
+    _checks.require(
+        op, "slot", slot, rank=1, dtypes=[jnp.int32], expected=f"int32 [T] with T = {t}"
+    )
+    _checks.require_dim(op, "slot", slot, 0, t, f"int32 [T] with T = {t} (one per token)")
+
+
+def _stored(q, k, v, pools, slot):
+    """(q, k, v), or with pools (q, k_pages, v_pages) with k and v written at slot."""
+    if pools is None:
+        return q, k, v
+    return q, write_pool_rows(pools[0], k, slot), write_pool_rows(pools[1], v, slot)
+
+
 def _reference(qkv, cos, sin, q_gamma, k_gamma, eps: float, weight_offset: float):
     t, kv, slots, h = qkv.shape
     g = slots - 2
@@ -93,29 +134,35 @@ def _reference(qkv, cos, sin, q_gamma, k_gamma, eps: float, weight_offset: float
     return rotate_reference(q, cos, sin), rotate_reference(k, cos, sin), v
 
 
-def _call(target: str, operands: tuple, layout: tuple, gammas, eps, offset):
-    """The FFI call of prism_qkv_rope(_sum): its operands (cos and sin last), then both
-    gammas; layout is qkv's shape [T, K, G + 2, H]."""
-    require_target(target)
+def _call(target: str, operands: tuple, layout: tuple, gammas, eps, offset, pools=None, slot=None):
+    """The FFI call of prism_qkv_rope(_sum)(_kv): its operands (cos and sin last), both gammas,
+    then for _kv the pools (aliased to the results) and slot; layout is qkv's shape."""
     t, kv, slots, h = layout
     g = slots - 2
     q_gamma, k_gamma = gammas
     norm = q_gamma is not None
     zeros = jnp.zeros((h,), jnp.float32)
-    outs = (
-        jax.ShapeDtypeStruct((t, kv * g, h), jnp.float32),
-        jax.ShapeDtypeStruct((t, kv, h), jnp.float32),
-        jax.ShapeDtypeStruct((t, kv, h), jnp.float32),
-    )
-    call = jax.ffi.ffi_call(target, outs, vmap_method="sequential")
-    return call(
+    args = (
         *operands,
         q_gamma.astype(jnp.float32) if norm else zeros,
         k_gamma.astype(jnp.float32) if norm else zeros,
-        eps=np.float32(eps),
-        weight_offset=np.float32(offset),
-        qk_norm=np.int32(norm),
     )
+    q = jax.ShapeDtypeStruct((t, kv * g, h), jnp.float32)
+    attrs = dict(eps=np.float32(eps), weight_offset=np.float32(offset), qk_norm=np.int32(norm))
+    if pools is None:
+        require_target(target)
+        rows = jax.ShapeDtypeStruct((t, kv, h), jnp.float32)
+        return jax.ffi.ffi_call(target, (q, rows, rows), vmap_method="sequential")(*args, **attrs)
+    require_target(target + "_kv")
+    pool = jax.ShapeDtypeStruct(pools[0].shape, jnp.float32)
+    at = len(args)  # k_pages' operand index
+    call = jax.ffi.ffi_call(
+        target + "_kv",
+        (q, pool, pool),
+        input_output_aliases={at: 1, at + 1: 2},
+        vmap_method="sequential",
+    )
+    return call(*args, *pools, slot, **attrs)
 
 
 def qkv_rope(
@@ -127,6 +174,8 @@ def qkv_rope(
     *,
     eps: float = 1e-6,
     weight_offset: float = 0.0,
+    pools=None,
+    slot=None,
     impl: Impl | None = None,
 ):
     """Splits qkv, normalises q and k per head (when the gammas are given) and rotates them.
@@ -136,15 +185,21 @@ def qkv_rope(
       cos, sin: float32 [T, H/2] (rope_tables).
       q_gamma, k_gamma: [H] qk-norm weights, or both None for models without qk-norm.
       eps, weight_offset: the norm's epsilon and weight offset (Gemma: 1, gamma is 1 + gamma).
+      pools, slot: (k_pages, v_pages) float32 [P, L, K, H] (donate them) and int32 slot [T]:
+        store k and v at pool row slot[t] instead of returning them (a slot outside [0, P * L)
+        stores nothing; tokens sharing a slot: the last one's on the CPU, any one's on CUDA).
 
     Returns:
-      (q [T, K * G, H], k [T, K, H], v [T, K, H]), float32.
+      (q [T, K * G, H], k [T, K, H], v [T, K, H]), float32; with pools (q, k_pages, v_pages).
     """
     _check(qkv, cos, sin, q_gamma, k_gamma)
+    _check_pools(pools, slot, qkv, _OP)
     if resolve_impl(impl) == "reference":
-        return _reference(qkv, cos, sin, q_gamma, k_gamma, eps, weight_offset)
+        q, k, v = _reference(qkv, cos, sin, q_gamma, k_gamma, eps, weight_offset)
+        return _stored(q, k, v, pools, slot)
     gammas = (q_gamma, k_gamma)
-    return _call("prism_qkv_rope", (qkv, cos, sin), qkv.shape, gammas, eps, weight_offset)
+    operands = (qkv, cos, sin)
+    return _call("prism_qkv_rope", operands, qkv.shape, gammas, eps, weight_offset, pools, slot)
 
 
 def qkv_rope_sum(
@@ -157,6 +212,8 @@ def qkv_rope_sum(
     *,
     eps: float = 1e-6,
     weight_offset: float = 0.0,
+    pools=None,
+    slot=None,
     impl: Impl | None = None,
 ):
     """qkv_rope of the two-digit projection's partial products, added in the kernel as
@@ -166,10 +223,11 @@ def qkv_rope_sum(
     Args:
       y2: float32 [2T, K, G + 2, H], x1 W1 stacked over x2 W1 (Linear.int8_partials).
       y_w2: float32 [T, K, G + 2, H], x1 W2.
-      cos, sin, q_gamma, k_gamma, eps, weight_offset: as qkv_rope.
+      cos, sin, q_gamma, k_gamma, eps, weight_offset, pools, slot: as qkv_rope.
 
     Returns:
-      (q [T, K * G, H], k [T, K, H], v [T, K, H]), float32: qkv_rope's bits for that sum.
+      (q [T, K * G, H], k [T, K, H], v [T, K, H]), float32: qkv_rope's bits for that sum;
+      with pools (q, k_pages, v_pages).
     """
     _check(y_w2, cos, sin, q_gamma, k_gamma, op="qkv_rope_sum", name="y_w2")
     t = y_w2.shape[0]
@@ -182,9 +240,12 @@ def qkv_rope_sum(
             f"qkv_rope_sum: y2 must be {list(want)} (x1 W1 over x2 W1 for y_w2 "
             f"{_checks.describe(y_w2)}), got {_checks.describe(y2)}"
         )
+    _check_pools(pools, slot, y_w2, "qkv_rope_sum")
     if resolve_impl(impl) == "reference":
         qkv = y2[:t] + (y2[t:] + y_w2)
-        return _reference(qkv, cos, sin, q_gamma, k_gamma, eps, weight_offset)
+        q, k, v = _reference(qkv, cos, sin, q_gamma, k_gamma, eps, weight_offset)
+        return _stored(q, k, v, pools, slot)
     gammas = (q_gamma, k_gamma)
     operands = (y2, y_w2, cos, sin)
-    return _call("prism_qkv_rope_sum", operands, y_w2.shape, gammas, eps, weight_offset)
+    shape = y_w2.shape
+    return _call("prism_qkv_rope_sum", operands, shape, gammas, eps, weight_offset, pools, slot)

@@ -10,7 +10,8 @@ S segments per chain, Pt entries of the flat page list.
       -> (out [T, N, H] in q's dtype, k_pages, v_pages)
 
 Token t's k/v are written at row slot[t] = page * L + offset of the pools (the returned pools;
-donate them through jit and XLA updates them in place), then query t attends every key of chain
+donate them through jit and XLA updates them in place; k_new = v_new = None: qkv_rope wrote them
+already, with pools=...), then query t attends every key of chain
 chain_of[t] at positions p <= positions[t] (and p > positions[t] - window when window > 0).
 A chain is up to S segments (start, length, first), ancestors first, unused ones with length 0;
 segment position p lives in page pages_flat[first + (p - start) // L] at offset
@@ -107,11 +108,10 @@ def _check_arrays(q, k_new, v_new, k_pages, v_pages) -> None:
             f"{OP}: k_pages must be [P, L, K, H] with P, L >= 1 and K dividing "
             f"N = {n}, got {_checks.describe(k_pages)}"
         )
-    for name, x, shape in (
-        ("v_pages", v_pages, k_pages.shape),
-        ("k_new", k_new, (t, k, h)),
-        ("v_new", v_new, (t, k, h)),
-    ):
+    if (k_new is None) != (v_new is None):
+        raise ValueError(f"{OP}: pass both k_new and v_new, or neither (already in the pools)")
+    news = () if k_new is None else (("k_new", k_new, (t, k, h)), ("v_new", v_new, (t, k, h)))
+    for name, x, shape in (("v_pages", v_pages, k_pages.shape), *news):
         if not hasattr(x, "shape") or x.shape != shape or x.dtype != k_pages.dtype:
             got = _checks.describe(x) if hasattr(x, "shape") else type(x).__name__
             raise ValueError(
@@ -166,7 +166,8 @@ def _check_values(rows: int, page_size: int, slot, chain_of, segs, pages_flat, p
         )
 
 
-def _write(pages, new, slot):
+def write_pool_rows(pages, new, slot):
+    """pages [P, L, K, H] with token t's row new[t] at pool row slot[t] (out of range: dropped)."""
     p, page_size, k, h = pages.shape
     rows = jnp.where(
         (slot >= 0) & (slot < p * page_size), slot, p * page_size
@@ -214,7 +215,11 @@ def tree_attention_reference(
     window: int = 0,
 ):
     """Plain masked softmax attention over the same key sets, fp32 (HIGHEST precision dots)."""
-    k_pages, v_pages = _write(k_pages, k_new, slot), _write(v_pages, v_new, slot)
+    if k_new is not None:  # None: the rows are in the pools already
+        k_pages, v_pages = (
+            write_pool_rows(k_pages, k_new, slot),
+            write_pool_rows(v_pages, v_new, slot),
+        )
     p, page_size, kh, h = k_pages.shape
     t, n, _ = q.shape
     c = chain_segments.shape[0]
@@ -265,7 +270,8 @@ def tree_attention(
 
     Args:
       q: [T, N, H] float32 or bfloat16 queries (roped, normed, not scaled).
-      k_new, v_new: [T, K, H] this step's keys (roped) and values, in the pools' dtype.
+      k_new, v_new: [T, K, H] this step's keys (roped) and values, in the pools' dtype; or both
+        None when they are in the pools already (qkv_rope with pools=...): no write here.
       k_pages, v_pages: [P, L, K, H] float32 or bfloat16 KV pools (donate them).
       slot: int32 [T] pool row page * L + offset for token t's k/v (padding: page 0).
       positions: int32 [T] absolute position of each token (-1 for padding).
@@ -290,6 +296,9 @@ def tree_attention(
             f"{_checks.describe(q)}; use impl='reference'"
         )
     require_target("prism_tree_attention")
+    if k_new is None:  # zero new rows: the handlers skip their write
+        none = jnp.zeros((0, *k_pages.shape[2:]), k_pages.dtype)
+        args = (q, none, none, *args[3:])
     outs = (
         jax.ShapeDtypeStruct(q.shape, q.dtype),
         jax.ShapeDtypeStruct(k_pages.shape, k_pages.dtype),

@@ -272,5 +272,9 @@ def test_handler_rejects_bad_shapes_directly():
     workspace = jax.ShapeDtypeStruct((1,), jnp.float32)
     call = jax.ffi.ffi_call("prism_tree_attention", (out, pools, pools, workspace))
     a["v_new"] = np.zeros((5, 2, 63), np.float32)
-    with pytest.raises(Exception, match=r"k_new and v_new must be \[5, 2, 64\]"):
+    with pytest.raises(Exception, match=r"k_new and v_new must both be \[5, 2, 64\]"):
+        jax.block_until_ready(call(*a.values(), scale=np.float32(1), window=np.int32(0)))
+    # No rows means "qkv_rope stored them", which takes both k_new and v_new empty.
+    a["k_new"], a["v_new"] = np.zeros((0, 2, 64), np.float32), np.zeros((5, 2, 64), np.float32)
+    with pytest.raises(Exception, match=r"must both be \[5, 2, 64\] \(or \[0, 2, 64\]"):
         jax.block_until_ready(call(*a.values(), scale=np.float32(1), window=np.int32(0)))
