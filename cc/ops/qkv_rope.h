@@ -111,3 +111,25 @@ inline ffi::Error CheckQkvRopeSum(ffi::AnyBuffer::Dimensions y2, ffi::AnyBuffer:
 }
 
 }  // namespace prism
+
+// The handlers' bindings after qkv (or y2, y_w2), shared by the CPU and CUDA files: the
+// tables, then the k/v results or the pools and slot with the pool results, and the attributes.
+#define PRISM_F32(rank) ::xla::ffi::BufferR##rank<::xla::ffi::F32>
+#define PRISM_ROPE_TABLES                                       \
+  .Arg<PRISM_F32(2)>()     /* cos [T, H / 2] */                \
+      .Arg<PRISM_F32(2)>() /* sin [T, H / 2] */                \
+      .Arg<PRISM_F32(1)>() /* q_gamma [H] */                   \
+      .Arg<PRISM_F32(1)>() /* k_gamma [H] */
+#define PRISM_ROPE_ATTRS \
+  .Attr<float>("eps").Attr<float>("weight_offset").Attr<int32_t>("qk_norm")
+#define PRISM_ROPE_KV_ROWS                                      \
+  .Ret<PRISM_F32(3)>()     /* q [T, K * G, H] */               \
+      .Ret<PRISM_F32(3)>() /* k [T, K, H] */                   \
+      .Ret<PRISM_F32(3)>() /* v [T, K, H] */
+#define PRISM_ROPE_KV_POOLS                                                  \
+  .Arg<PRISM_F32(4)>()                                   /* k_pages [P, L, K, H] */ \
+      .Arg<PRISM_F32(4)>()                               /* v_pages [P, L, K, H] */ \
+      .Arg<::xla::ffi::BufferR1<::xla::ffi::S32>>()      /* slot [T] */             \
+      .Ret<PRISM_F32(3)>()                               /* q [T, K * G, H] */      \
+      .Ret<PRISM_F32(4)>()                               /* k_pages (aliased) */    \
+      .Ret<PRISM_F32(4)>()                               /* v_pages (aliased) */

@@ -197,26 +197,6 @@ ffi::Error QkvRopeSumKvCpu(ffi::ThreadPool pool, ffi::BufferR4<ffi::F32> y2,
 
 namespace ffi = xla::ffi;
 
-// The operands of prism_qkv_rope after qkv (or y2, y_w2), then q's result.
-#define PRISM_ROPE_TABLES                                      \
-  .Arg<ffi::BufferR2<ffi::F32>>()     /* cos [T, H / 2] */    \
-      .Arg<ffi::BufferR2<ffi::F32>>() /* sin [T, H / 2] */    \
-      .Arg<ffi::BufferR1<ffi::F32>>() /* q_gamma [H] */       \
-      .Arg<ffi::BufferR1<ffi::F32>>() /* k_gamma [H] */
-#define PRISM_ROPE_ATTRS \
-  .Attr<float>("eps").Attr<float>("weight_offset").Attr<int32_t>("qk_norm")
-#define PRISM_ROPE_KV_ROWS                                               \
-  .Ret<ffi::BufferR3<ffi::F32>>()     /* q [T, K * G, H] */             \
-      .Ret<ffi::BufferR3<ffi::F32>>() /* k [T, K, H] */                 \
-      .Ret<ffi::BufferR3<ffi::F32>>() /* v [T, K, H] */
-#define PRISM_ROPE_KV_POOLS                                                        \
-  .Arg<ffi::BufferR4<ffi::F32>>()     /* k_pages [P, L, K, H] */                  \
-      .Arg<ffi::BufferR4<ffi::F32>>() /* v_pages [P, L, K, H] */                  \
-      .Arg<ffi::BufferR1<ffi::S32>>() /* slot [T] */                              \
-      .Ret<ffi::BufferR3<ffi::F32>>() /* q [T, K * G, H] */                       \
-      .Ret<ffi::BufferR4<ffi::F32>>() /* k_pages (aliased) */                     \
-      .Ret<ffi::BufferR4<ffi::F32>>() /* v_pages (aliased) */
-
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PrismQkvRopeCpu, prism::QkvRopeCpu,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
