@@ -42,12 +42,8 @@ import time
 from types import SimpleNamespace
 
 import jax
-from e2e_decide import (  # benchmarks/ is sys.path[0] as a script
-    PRESETS,
-    add_engine_options,
-    build,
-    scenarios,
-)
+from e2e_decide import add_engine_options, build  # benchmarks/ is sys.path[0] as a script
+from e2e_scenarios import PRESETS, scenarios
 from jax._src import stages
 
 from prism_jax.forest import build_forest

@@ -15,7 +15,7 @@ from prism_jax import model
 from prism_jax.config import ModelConfig
 
 if TYPE_CHECKING:
-    from e2e_decide import Scenario
+    from e2e_scenarios import Scenario
 
 
 class Baseline:

@@ -31,7 +31,8 @@ import time
 import jax
 import numpy as np
 from dispatch_probe import one_question_arrays, probe_engine  # benchmarks/ is sys.path[0]
-from e2e_decide import PRESETS, add_engine_options, scenarios
+from e2e_decide import add_engine_options
+from e2e_scenarios import PRESETS, scenarios
 
 from prism_jax.scheduler import release
 

@@ -20,7 +20,7 @@ import platform
 import time
 
 from bench_common import commit, stats, timed  # benchmarks/ is sys.path[0] as a script
-from e2e_decide import ROOT_LEN, TOKEN_BUCKETS, Scenario, scenarios
+from e2e_scenarios import ROOT_LEN, TOKEN_BUCKETS, Scenario, scenarios
 
 from prism_jax.config import GEMMA3_27B, EngineConfig
 from prism_jax.forest import build_forest
