@@ -6,7 +6,8 @@
 // Pt entries of the flat page list.
 //   prism_tree_attention
 //     q               [T, N, H]     f32|bf16   queries (already roped/normed, not scaled)
-//     k_new, v_new    [T, K, H]     pool dtype this step's keys and values
+//     k_new, v_new    [T, K, H]     pool dtype this step's keys and values, or both
+//                     [0, K, H]                already in the pools (prism_qkv_rope_kv)
 //     k_pages,v_pages [P, L, K, H]  f32|bf16   KV pool, aliased to results 1 and 2
 //     slot            s32 [T]       page * L + offset receiving token t's k/v;
 //                                   outside [0, P * L): nothing is written
