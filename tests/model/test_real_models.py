@@ -60,11 +60,12 @@ def _logits(name: str, precision: str) -> np.ndarray:
 
 
 # Our fp32 error against the fp64 run, in logit standard deviations, may be this many times
-# HF fp32's own. Measured on an x86_64 AVX-512 machine: 3.1e-5 vs 2.0e-5 (Gemma 3 270M), 7.9e-6
-# vs 8.8e-6 (SmolLM2), 7.7e-5 vs 5.8e-5 (Qwen2.5-Coder-0.5B); a 1-ulp change to half of Gemma's
-# weights moves its logits by 1.4e-5 to 3.2e-5.
+# HF fp32's own, or up to the floor. Measured on an x86_64 AVX-512 machine (ours / HF's): Gemma 3
+# 270M 3.1e-5 / 2.0e-5, SmolLM2 7.9e-6 / 8.8e-6, Qwen2.5-Coder-0.5B 7.7e-5 / 5.8e-5; with XLA
+# and PyTorch held to AVX2 or SSE4.2 kernels, ours 1.0e-5 to 8.3e-5 and HF's 6.9e-6 to 8.7e-5.
+# A 1-ulp change to half of Gemma's weights moves its logits by 1.4e-5 to 3.2e-5. bf16 is ~1e-2.
 FP32_ERROR_RATIO = 3.0
-FP32_ERROR_FLOOR = 1e-4  # below this neither run is wrong, whatever the ratio
+FP32_ERROR_FLOOR = 2e-4  # below this neither run is wrong, whatever the ratio
 
 
 @pytest.mark.parametrize("name", MODELS)
