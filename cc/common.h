@@ -33,6 +33,15 @@ inline std::string DimsToString(ffi::AnyBuffer::Dimensions dims) {
   return s + "]";
 }
 
+// An operand aliased to a result (a KV pool) copied into that result where XLA did not alias
+// them, i.e. for a caller that did not donate it; a no-op in the engine.
+template <typename In, typename Out>
+void CopyUnlessAliased(const In& in, Out& out) {
+  if (out->untyped_data() != in.untyped_data()) {
+    std::memcpy(out->untyped_data(), in.untyped_data(), in.size_bytes());
+  }
+}
+
 inline bool IsFloatActivation(ffi::DataType t) {
   return t == ffi::DataType::F32 || t == ffi::DataType::BF16;
 }

@@ -33,6 +33,17 @@ inline ffi::Error LaunchStatus(const char* op) {
   return ffi::Error::Internal(std::string(op) + ": CUDA launch failed: " + cudaGetErrorString(e));
 }
 
+// CopyUnlessAliased (common.h) on the handler's stream.
+template <typename In, typename Out>
+ffi::Error CopyUnlessAliasedAsync(cudaStream_t stream, const In& in, Out& out, const char* op) {
+  if (out->untyped_data() != in.untyped_data() && in.size_bytes() > 0) {
+    const cudaError_t e = cudaMemcpyAsync(out->untyped_data(), in.untyped_data(), in.size_bytes(),
+                                          cudaMemcpyDeviceToDevice, stream);
+    PRISM_REQUIRE(e == cudaSuccess, std::string(op) + ": pool copy failed");
+  }
+  return ffi::Error::Success();
+}
+
 __device__ __forceinline__ bool Aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }

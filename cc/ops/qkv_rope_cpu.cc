@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <unordered_map>
-#include <utility>
 #include <vector>
 
 #include "cc/common.h"
@@ -108,11 +107,8 @@ RopeIo Io(ffi::BufferR2<ffi::F32>& cos, ffi::BufferR2<ffi::F32>& sin,
 KvDest PoolDest(ffi::BufferR4<ffi::F32>& k_pages, ffi::BufferR4<ffi::F32>& v_pages,
                 ffi::BufferR1<ffi::S32>& slot, ffi::Result<ffi::BufferR4<ffi::F32>>& k_out,
                 ffi::Result<ffi::BufferR4<ffi::F32>>& v_out, int64_t pool_rows) {
-  for (auto [in, res] : {std::pair{&k_pages, &k_out}, std::pair{&v_pages, &v_out}}) {
-    if ((*res)->untyped_data() != in->untyped_data()) {
-      std::memcpy((*res)->untyped_data(), in->untyped_data(), in->size_bytes());
-    }
-  }
+  CopyUnlessAliased(k_pages, k_out);
+  CopyUnlessAliased(v_pages, v_out);
   return {k_out->typed_data(), v_out->typed_data(), slot.typed_data(), pool_rows};
 }
 

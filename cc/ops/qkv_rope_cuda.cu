@@ -13,7 +13,6 @@
 
 #include <cstdint>
 #include <string>
-#include <utility>
 
 #include "cc/common.h"
 #include "cc/cuda_common.cuh"
@@ -160,13 +159,8 @@ ffi::Error PoolDest(cudaStream_t stream, ffi::BufferR4<ffi::F32>& k_pages,
                     ffi::Result<ffi::BufferR4<ffi::F32>>& k_out,
                     ffi::Result<ffi::BufferR4<ffi::F32>>& v_out, int64_t pool_rows,
                     KvDest* dst) {
-  for (auto [in, res] : {std::pair{&k_pages, &k_out}, std::pair{&v_pages, &v_out}}) {
-    if ((*res)->untyped_data() != in->untyped_data() && in->size_bytes() > 0) {
-      const cudaError_t e = cudaMemcpyAsync((*res)->untyped_data(), in->untyped_data(),
-                                            in->size_bytes(), cudaMemcpyDeviceToDevice, stream);
-      PRISM_REQUIRE(e == cudaSuccess, "prism_qkv_rope_kv: pool copy failed");
-    }
-  }
+  PRISM_RETURN_IF_ERROR(CopyUnlessAliasedAsync(stream, k_pages, k_out, "prism_qkv_rope_kv"));
+  PRISM_RETURN_IF_ERROR(CopyUnlessAliasedAsync(stream, v_pages, v_out, "prism_qkv_rope_kv"));
   *dst = {k_out->typed_data(), v_out->typed_data(), slot.typed_data(), pool_rows};
   return ffi::Error::Success();
 }

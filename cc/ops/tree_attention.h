@@ -111,13 +111,13 @@ PRISM_HD float Merged(float x, float a, float xt, float b) { return x * a + xt *
 // Final normalisation; a query that saw no key outputs exact zeros.
 PRISM_HD float Normalised(float acc, float l) { return l == 0.0f ? 0.0f : acc / l; }
 
-// Shapes and dtypes of the handler's buffers (a hand-written ffi_call must fail, never read
-// out of bounds); fills dm on success.
 // Whether the call writes the step's k/v (k_new has rows) or finds them in the pools already.
 inline bool WritesNewRows(const ffi::AnyBuffer& k_new) {
   return k_new.dimensions().size() == 3 && k_new.dimensions()[0] > 0;
 }
 
+// Shapes and dtypes of the handler's buffers (a hand-written ffi_call must fail, never read
+// out of bounds); fills dm on success.
 inline ffi::Error CheckTreeAttentionShapes(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k_new,
                        const ffi::AnyBuffer& v_new, const ffi::AnyBuffer& k_pages,
                        const ffi::AnyBuffer& v_pages, int64_t slot_n, int64_t pos_n,

@@ -235,12 +235,8 @@ ffi::Error TreeAttentionCpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuff
       e.failure()) {
     return e;
   }
-  // The pools are aliased to the results; copy only if XLA did not alias them.
-  for (auto [in, res] : {std::pair{&k_pages, &k_out}, std::pair{&v_pages, &v_out}}) {
-    if ((*res)->untyped_data() != in->untyped_data()) {
-      std::memcpy((*res)->untyped_data(), in->untyped_data(), in->size_bytes());
-    }
-  }
+  CopyUnlessAliased(k_pages, k_out);
+  CopyUnlessAliased(v_pages, v_out);
   const Tables tb{slot.typed_data(), positions.typed_data(), chain_of.typed_data(),
                   segs.typed_data(), pages_flat.typed_data()};
   auto run = [&](auto* qp, auto* kvp) {

@@ -314,14 +314,8 @@ ffi::Error TreeAttentionCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuff
       e.failure()) {
     return e;
   }
-  // The pools are aliased to the results; copy (asynchronously) only if XLA did not alias them.
-  for (auto [in, res] : {std::pair{&k_pages, &k_out}, std::pair{&v_pages, &v_out}}) {
-    if ((*res)->untyped_data() != in->untyped_data() && in->size_bytes() > 0) {
-      const cudaError_t e = cudaMemcpyAsync((*res)->untyped_data(), in->untyped_data(),
-                                            in->size_bytes(), cudaMemcpyDeviceToDevice, stream);
-      PRISM_REQUIRE(e == cudaSuccess, "prism_tree_attention: pool copy failed");
-    }
-  }
+  PRISM_RETURN_IF_ERROR(CopyUnlessAliasedAsync(stream, k_pages, k_out, "prism_tree_attention"));
+  PRISM_RETURN_IF_ERROR(CopyUnlessAliasedAsync(stream, v_pages, v_out, "prism_tree_attention"));
   const Tables tb{slot.typed_data(), positions.typed_data(), chain_of.typed_data(),
                   segs.typed_data(), pages_flat.typed_data()};
   auto run = [&](auto* qp, auto* kvp) {

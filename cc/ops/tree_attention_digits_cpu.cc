@@ -245,11 +245,8 @@ ffi::Error TreeAttentionDigitsCpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::A
     return e;
   }
   dm.pt = pages_flat.dimensions()[0];
-  for (auto [in, res] : {std::pair{&k_pages, &k_out}, std::pair{&v_pages, &v_out}}) {
-    if ((*res)->untyped_data() != in->untyped_data()) {  // not aliased: copy the pool first
-      std::memcpy((*res)->untyped_data(), in->untyped_data(), in->size_bytes());
-    }
-  }
+  CopyUnlessAliased(k_pages, k_out);
+  CopyUnlessAliased(v_pages, v_out);
   const Tables tb{slot.typed_data(), positions.typed_data(), chain_of.typed_data(),
                   segs.typed_data(), pages_flat.typed_data()};
   auto run = [&](auto* tag) {

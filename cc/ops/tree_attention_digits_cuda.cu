@@ -387,13 +387,8 @@ ffi::Error TreeAttentionDigitsCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::A
   }
   dm.pt = pages_flat.dimensions()[0];
   PRISM_REQUIRE(dm.g() <= kRows, std::string(op) + ": more than 64 query heads per kv head");
-  for (auto [in, res] : {std::pair{&k_pages, &k_out}, std::pair{&v_pages, &v_out}}) {
-    if ((*res)->untyped_data() != in->untyped_data() && in->size_bytes() > 0) {
-      const cudaError_t e = cudaMemcpyAsync((*res)->untyped_data(), in->untyped_data(),
-                                            in->size_bytes(), cudaMemcpyDeviceToDevice, stream);
-      PRISM_REQUIRE(e == cudaSuccess, std::string(op) + ": pool copy failed");
-    }
-  }
+  PRISM_RETURN_IF_ERROR(CopyUnlessAliasedAsync(stream, k_pages, k_out, op));
+  PRISM_RETURN_IF_ERROR(CopyUnlessAliasedAsync(stream, v_pages, v_out, op));
   const Tables tb{slot.typed_data(), positions.typed_data(), chain_of.typed_data(),
                   segs.typed_data(), pages_flat.typed_data()};
   auto run = [&](auto* tag) {

@@ -7,7 +7,7 @@ and rotated by position, in one custom call (cc/ops/qkv_rope.h has the arithmeti
   qkv_rope_sum(y2 [2T, K, G + 2, H], y_w2 [T, K, G + 2, H], cos, sin, ...)
       = qkv_rope(y2[:T] + (y2[T:] + y_w2), cos, sin, ...)   (the two-digit projection's parts)
 
-With pools=(k_pages, v_pages) [P, L, K, H] and slot int32 [T], either stores k and v at pool
+With pools=(k_pages, v_pages) [P, L, K, H] and slot int32 [T], both store k and v at pool
 row slot[t] (tree_attention's write) and returns (q, k_pages, v_pages): tree_attention then
 runs with k_new = v_new = None and skips its write kernel (PRISM_QKV_ROPE_KV, kv_write_fused).
 
