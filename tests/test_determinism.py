@@ -182,24 +182,27 @@ def test_the_whole_last_layer_gives_the_same_bits(setup, rng):
 
 
 def test_kv_stored_by_qkv_rope_gives_the_same_bits(setup, rng, monkeypatch):
-    """(j) PRISM_QKV_ROPE_KV=on: qkv_rope stores each layer's k and v in the pool and
-    tree_attention skips its write; a forest, prefill in chunks and a prefix-cache hit on the
-    keys it stored."""
+    """(j) qkv_rope storing each layer's k and v in the pool (the default) against
+    PRISM_QKV_ROPE_KV=off, where tree_attention writes them; a forest, prefill in chunks and a
+    prefix-cache hit on the keys each stored."""
     device, engine, qs, _ = setup
     batch = [qs[0], qs[3], qs[7]]
     chunk = int(rng.integers(20, 120))
-    want = _cold(device, engine, batch) + _cold(device, engine, batch, chunk=chunk)
-    _run(device, engine, [qs[1]])
-    want_hit = _run(device, engine, [qs[5], qs[6]]).probabilities
-    monkeypatch.setenv("PRISM_QKV_ROPE_KV", "on")  # read when a step is traced
-    with jax.default_device(device):
-        fused = Engine(engine.config, engine.params, None, None, engine_config=BUCKETS)
-    fused.root_len = ROOT
-    got = _cold(device, fused, batch) + _cold(device, fused, batch, chunk=chunk)
-    _run(device, fused, [qs[1]])
-    hit = _run(device, fused, [qs[5], qs[6]])
-    assert hit.cached_tokens(0) == ROOT + TRUNK
-    for a, b in zip(got + hit.probabilities, want + want_hit, strict=True):
+
+    def run_with(switch: str):
+        monkeypatch.setenv("PRISM_QKV_ROPE_KV", switch)  # read when a step is traced
+        with jax.default_device(device):
+            fresh = Engine(engine.config, engine.params, None, None, engine_config=BUCKETS)
+        fresh.root_len = ROOT
+        cold = _cold(device, fresh, batch) + _cold(device, fresh, batch, chunk=chunk)
+        _run(device, fresh, [qs[1]])
+        hit = _run(device, fresh, [qs[5], qs[6]])
+        assert hit.cached_tokens(0) == ROOT + TRUNK, "the follow-up must hit the prefix cache"
+        return cold + hit.probabilities
+
+    want = run_with("off")
+    got = run_with("on")
+    for a, b in zip(got, want, strict=True):
         _check(a, b, "k and v stored by qkv_rope")
 
 

@@ -48,10 +48,12 @@ def qkv_rope_supported(head_dim: int) -> bool:
 
 def kv_write_fused() -> bool:
     """Whether the model stores k and v in qkv_rope (pools=...) rather than in tree_attention.
-    PRISM_QKV_ROPE_KV=on; unset or off keeps tree_attention's write (the default until the
-    H200 has measured the fused store; CPU and CUDA give the same bits either way). Read when
-    a step is traced: executables compiled before a change keep what they were built with."""
-    switch = os.environ.get("PRISM_QKV_ROPE_KV", "off")
+    Unset or PRISM_QKV_ROPE_KV=on stores them in qkv_rope; off keeps tree_attention's write
+    kernel (for A/B timings). CPU and CUDA give the same bits either way; the fused store took
+    0.19 / 0.28 / 0.12 ms of GPU time off a one-digit 27B step (H100, benchmarks/BENCHMARKS.md,
+    session 33). Read when a step is traced: executables compiled before a change keep what
+    they were built with."""
+    switch = os.environ.get("PRISM_QKV_ROPE_KV", "on")
     if switch not in ("on", "off"):
         raise ValueError(f"PRISM_QKV_ROPE_KV must be unset, on or off; got {switch!r}")
     return switch == "on"
