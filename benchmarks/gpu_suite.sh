@@ -40,11 +40,12 @@
 #                                 cleared by CUTLASS's memset, not our kernel); XLA's command
 #                                 buffer settings: -vt (update mode SKIP_TEMP: fixed addresses
 #                                 for temporaries), -vp (SKIP_PROFILED, with --warmup 4: it
-#                                 runs an executable's first 3 executions op by op), -cr
-#                                 (scheduling mode CONCURRENT_REGIONS), -tg (CUDA graphs kept
-#                                 under the profiler, so --trace sees the untraced runs' mode);
-#                                 -kv with PRISM_QKV_ROPE_KV=on (qkv_rope stores k and v in the
-#                                 pool; tree_attention's write kernel is skipped);
+#                                 runs an executable's first 3 executions op by op), -tg
+#                                 (CUDA graphs kept under the profiler, so --trace sees the
+#                                 untraced runs' mode; CONCURRENT_REGIONS is not offered: XLA
+#                                 0.11.2 rejects FFI calls in it, results/e2e_h100_session33/);
+#                                 -wk with PRISM_QKV_ROPE_KV=off (tree_attention's write kernel
+#                                 stores k and v; by default qkv_rope does);
 #                                 these suffixes combine (one-ms-whole); a mode listed twice
 #                                 runs twice, into e2e_<mode> and e2e_<mode>.2
 #   ATTN_BENCH=1                  then run benchmarks/attention_bench.py (tree_attention vs the
@@ -141,18 +142,17 @@ if [ "${E2E:-0}" != 0 ]; then
     case "$digits" in one*) extra=--single-digit ;; esac
     case "$digits" in *-attn*) extra="$extra --attention digits" ;; esac
     case "$digits" in *-whole*) extra="$extra --whole-last-layer" ;; esac
-    batch="" norm="" decomp="" barrier="" kvstore=off
+    batch="" norm="" decomp="" barrier="" kvstore=on
     case "$digits" in *-b8*) batch=8 ;; esac
     case "$digits" in *-lean[248] | *-reg[1248]) norm=${digits##*-} ;; esac
     case "$digits" in *-dp*) decomp=d ;; esac
     case "$digits" in *-ms*) barrier=memset ;; esac
-    case "$digits" in *-kv*) kvstore=on ;; esac
+    case "$digits" in *-wk*) kvstore=off ;; esac
     xla=""
     case "$digits" in *-vt*) xla="$xla --xla_gpu_command_buffer_update_mode=SKIP_TEMP" ;; esac
     case "$digits" in *-vp*)
       xla="$xla --xla_gpu_command_buffer_update_mode=SKIP_PROFILED" extra="$extra --warmup 4" ;;
     esac
-    case "$digits" in *-cr*) xla="$xla --xla_gpu_command_buffer_scheduling_mode=CONCURRENT_REGIONS" ;; esac
     case "$digits" in *-tg*) xla="$xla --xla_enable_command_buffers_during_profiling=true" ;; esac
     # Both 27B models (int8 28-56 GB, bf16 ~54 GB) and the KV pool live on the card at once.
     # shellcheck disable=SC2086 (E2E_ARGS is a list of arguments)
