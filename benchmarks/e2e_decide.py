@@ -100,6 +100,8 @@ def measure(engine: Engine, baseline, s: Scenario, runs: int, chunk: int, warmup
     if clear:
         clear()
     for _ in range(warmup):  # XLA records a step's CUDA graphs on their second execution
+        if clear:  # a cold scenario stays cold: a hit would run (and compile) another step
+            clear()
         engine.run(s.questions, chunk=chunk)
     results = []
 

@@ -67,6 +67,10 @@ def _trace_probe(out) -> subprocess.CompletedProcess:
             "one_question",
             "--no-baseline",
             "--trace",
+            # More than one warm-up run of a cold scenario: each starts from an empty cache
+            # (a hit would run, and compile, another step; the H100 caught this in session 33).
+            "--warmup",
+            "3",
         ],
         capture_output=True,
         text=True,
@@ -82,7 +86,8 @@ def _launches(out) -> dict:
 
 def test_no_baseline_trace_probe(tmp_path):
     """--no-baseline (XLA flag and trace probes): no bf16 model, smoke rows, a gap analysis;
-    a second run into the same folder counts its own trace only."""
+    a second run into the same folder counts its own trace only; --warmup 3 compiles nothing
+    more."""
     proc = _trace_probe(tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     first = _launches(tmp_path)
@@ -99,7 +104,7 @@ def test_no_baseline_trace_probe(tmp_path):
     )
     (row,) = [json.loads(x) for x in (tmp_path / "e2e.jsonl").read_text().splitlines()]
     assert row["smoke"] and row["baseline"] is None and row["ratio"] is None
-    assert row["prism"]["runs"] == 2
+    assert row["prism"]["runs"] == 2 and row["warmup_runs"] == 3
     compiled = json.loads((tmp_path / "compile.json").read_text())["compile_s"]
     assert not any(k.startswith("baseline/") for k in compiled), compiled
     kinds = {json.loads(x)["kind"] for x in (tmp_path / "breakdown.jsonl").read_text().splitlines()}
