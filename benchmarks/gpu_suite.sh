@@ -6,9 +6,11 @@
 # prism_jax.engine imports: without them tests/test_determinism.py and e2e_decide.py fail to
 # import; py-spy for HOST_PROFILE). Fill it with
 # `pip download --no-deps -d .whl nvidia-cutlass==4.2.0.0 gguf pyyaml py-spy`.
-# Results land in $OUT (or benchmarks/results/ when OUT is unset).
+# Results land in $OUT (or benchmarks/results/ when OUT is unset); PACK=$OUT_OF_TOOL/x.tgz also
+# packs them (traces left out) into one archive, since the device tool returns at most 8 files.
 # Optional environment:
-#   PREBUILT=path/_prism_ops*.so  use an extension built elsewhere if it imports (else build);
+#   PREBUILT=path/_prism_ops*.so  use an extension built elsewhere if it imports (else build;
+#                                 path/_prism_ops*.so.gz is unpacked first);
 #                                 benchmarks/carry_prebuilt.sh NAME makes .carry/NAME/ with its
 #                                 COMMIT, exported as PRISM_COMMIT (the commit the JSON records)
 #   TESTS="..."                   pytest targets (default: tests/ops tests/test_extension.py
@@ -75,6 +77,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 
+if [ -n "${PREBUILT:-}" ]; then  # carry_prebuilt.sh gzips the .so to fit the carry limit
+  for gz in $PREBUILT.gz; do [ -f "$gz" ] && gunzip -f "$gz"; done
+fi
 # The commit every JSON line records: the prebuilt's COMMIT (benchmarks/carry_prebuilt.sh wrote it
 # from the checkout that built it), since this copy's git metadata may lag its working tree.
 if [ -z "${PRISM_COMMIT:-}" ] && [ -n "${PREBUILT:-}" ]; then
@@ -195,4 +200,7 @@ if [ "${HOST_PROFILE:-0}" != 0 ]; then
 fi
 echo "pytest rc=$test_rc report rc=$report_rc bench rc=$bench_rc e2e rc=$e2e_rc" \
   "attn rc=$attn_rc ops rc=$ops_rc host rc=$host_rc"
+if [ -n "${PACK:-}" ]; then  # the device tool returns at most 8 files: one archive of them all
+  tar czf "$PACK" --exclude=trace -C "$(dirname "$OUT")" "$(basename "$OUT")" && echo "packed $PACK"
+fi
 exit $(( test_rc || report_rc || bench_rc || e2e_rc || attn_rc || ops_rc || host_rc ))
