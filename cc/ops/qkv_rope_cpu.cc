@@ -55,7 +55,7 @@ std::vector<char> StoredTokens(const KvDest& dst, int64_t t) {
   for (int64_t i = 0; i < t; ++i) last[dst.slot[i]] = i;
   for (int64_t i = 0; i < t; ++i) {
     const int64_t sl = dst.slot[i];
-    stored[i] = sl >= 0 && sl < dst.pool_rows && last[dst.slot[i]] == i;
+    stored[i] = sl >= 0 && sl < dst.pool_rows && last[sl] == i;
   }
   return stored;
 }
@@ -102,14 +102,19 @@ RopeIo Io(ffi::BufferR2<ffi::F32>& cos, ffi::BufferR2<ffi::F32>& sin,
           q->typed_data(), eps, weight_offset, qk_norm};
 }
 
-// The _kv variants' destination: the result pools, holding the operand pools' contents first
-// (XLA aliases them, so the copy is only for a caller that did not donate).
-KvDest PoolDest(ffi::BufferR4<ffi::F32>& k_pages, ffi::BufferR4<ffi::F32>& v_pages,
-                ffi::BufferR1<ffi::S32>& slot, ffi::Result<ffi::BufferR4<ffi::F32>>& k_out,
-                ffi::Result<ffi::BufferR4<ffi::F32>>& v_out, int64_t pool_rows) {
+// The _kv variants' destination, once their shapes check: the result pools, holding the operand
+// pools' contents first (XLA aliases them, so the copy is only for a caller that did not donate).
+ffi::Error PoolDest(ffi::BufferR4<ffi::F32>& k_pages, ffi::BufferR4<ffi::F32>& v_pages,
+                    ffi::BufferR1<ffi::S32>& slot, ffi::Result<ffi::BufferR4<ffi::F32>>& k_out,
+                    ffi::Result<ffi::BufferR4<ffi::F32>>& v_out, const QkvRopeDims& dm,
+                    KvDest* dst) {
+  int64_t pool_rows = 0;
+  PRISM_RETURN_IF_ERROR(
+      CheckKvPools(k_pages.dimensions(), v_pages.dimensions(), slot.dimensions(), dm, &pool_rows));
   CopyUnlessAliased(k_pages, k_out);
   CopyUnlessAliased(v_pages, v_out);
-  return {k_out->typed_data(), v_out->typed_data(), slot.typed_data(), pool_rows};
+  *dst = {k_out->typed_data(), v_out->typed_data(), slot.typed_data(), pool_rows};
+  return ffi::Error::Success();
 }
 
 ffi::Error QkvRopeCpu(ffi::ThreadPool pool, ffi::BufferR4<ffi::F32> qkv,
@@ -156,15 +161,13 @@ ffi::Error QkvRopeKvCpu(ffi::ThreadPool pool, ffi::BufferR4<ffi::F32> qkv,
                         ffi::Result<ffi::BufferR4<ffi::F32>> v_out, float eps,
                         float weight_offset, int32_t qk_norm) {
   QkvRopeDims dm;
-  int64_t pool_rows = 0;
+  KvDest dst{};
   PRISM_RETURN_IF_ERROR(CheckQkvRope(qkv.dimensions(), cos.dimensions(), sin.dimensions(),
                                      q_gamma.dimensions(), k_gamma.dimensions(),
                                      q->dimensions(), &dm));
-  PRISM_RETURN_IF_ERROR(
-      CheckKvPools(k_pages.dimensions(), v_pages.dimensions(), slot.dimensions(), dm, &pool_rows));
+  PRISM_RETURN_IF_ERROR(PoolDest(k_pages, v_pages, slot, k_out, v_out, dm, &dst));
   return RopeRows(pool, {qkv.typed_data(), nullptr, nullptr}, dm,
-                  Io(cos, sin, q_gamma, k_gamma, q, eps, weight_offset, qk_norm),
-                  PoolDest(k_pages, v_pages, slot, k_out, v_out, pool_rows));
+                  Io(cos, sin, q_gamma, k_gamma, q, eps, weight_offset, qk_norm), dst);
 }
 
 ffi::Error QkvRopeSumKvCpu(ffi::ThreadPool pool, ffi::BufferR4<ffi::F32> y2,
@@ -177,15 +180,13 @@ ffi::Error QkvRopeSumKvCpu(ffi::ThreadPool pool, ffi::BufferR4<ffi::F32> y2,
                            ffi::Result<ffi::BufferR4<ffi::F32>> v_out, float eps,
                            float weight_offset, int32_t qk_norm) {
   QkvRopeDims dm;
-  int64_t pool_rows = 0;
+  KvDest dst{};
   PRISM_RETURN_IF_ERROR(CheckQkvRopeSum(y2.dimensions(), y_w2.dimensions(), cos.dimensions(),
                                         sin.dimensions(), q_gamma.dimensions(),
                                         k_gamma.dimensions(), q->dimensions(), &dm));
-  PRISM_RETURN_IF_ERROR(
-      CheckKvPools(k_pages.dimensions(), v_pages.dimensions(), slot.dimensions(), dm, &pool_rows));
+  PRISM_RETURN_IF_ERROR(PoolDest(k_pages, v_pages, slot, k_out, v_out, dm, &dst));
   return RopeRows(pool, {nullptr, y2.typed_data(), y_w2.typed_data()}, dm,
-                  Io(cos, sin, q_gamma, k_gamma, q, eps, weight_offset, qk_norm),
-                  PoolDest(k_pages, v_pages, slot, k_out, v_out, pool_rows));
+                  Io(cos, sin, q_gamma, k_gamma, q, eps, weight_offset, qk_norm), dst);
 }
 
 }  // namespace

@@ -152,13 +152,16 @@ ffi::Error Launch(cudaStream_t stream, const QkvRopeArgs& a) {
   return LaunchStatus("prism_qkv_rope");
 }
 
-// The _kv variants' destination: the result pools, holding the operand pools' contents first
-// (XLA aliases them, so the copy is only for a caller that did not donate).
+// The _kv variants' destination, once their shapes check: the result pools, holding the operand
+// pools' contents first (XLA aliases them, so the copy is only for a caller that did not donate).
 ffi::Error PoolDest(cudaStream_t stream, ffi::BufferR4<ffi::F32>& k_pages,
                     ffi::BufferR4<ffi::F32>& v_pages, ffi::BufferR1<ffi::S32>& slot,
                     ffi::Result<ffi::BufferR4<ffi::F32>>& k_out,
-                    ffi::Result<ffi::BufferR4<ffi::F32>>& v_out, int64_t pool_rows,
+                    ffi::Result<ffi::BufferR4<ffi::F32>>& v_out, const QkvRopeDims& dm,
                     KvDest* dst) {
+  int64_t pool_rows = 0;
+  PRISM_RETURN_IF_ERROR(
+      CheckKvPools(k_pages.dimensions(), v_pages.dimensions(), slot.dimensions(), dm, &pool_rows));
   PRISM_RETURN_IF_ERROR(CopyUnlessAliasedAsync(stream, k_pages, k_out, "prism_qkv_rope_kv"));
   PRISM_RETURN_IF_ERROR(CopyUnlessAliasedAsync(stream, v_pages, v_out, "prism_qkv_rope_kv"));
   *dst = {k_out->typed_data(), v_out->typed_data(), slot.typed_data(), pool_rows};
@@ -213,13 +216,10 @@ ffi::Error QkvRopeKvCuda(cudaStream_t stream, ffi::BufferR4<ffi::F32> qkv,
   QkvRopeArgs a{qkv.typed_data(), nullptr, nullptr, cos.typed_data(), sin.typed_data(),
                 q_gamma.typed_data(), k_gamma.typed_data(), q->typed_data(), {}, {}, eps,
                 weight_offset, qk_norm != 0};
-  int64_t pool_rows = 0;
   PRISM_RETURN_IF_ERROR(CheckQkvRope(qkv.dimensions(), cos.dimensions(), sin.dimensions(),
                                      q_gamma.dimensions(), k_gamma.dimensions(),
                                      q->dimensions(), &a.dm));
-  PRISM_RETURN_IF_ERROR(CheckKvPools(k_pages.dimensions(), v_pages.dimensions(),
-                                     slot.dimensions(), a.dm, &pool_rows));
-  PRISM_RETURN_IF_ERROR(PoolDest(stream, k_pages, v_pages, slot, k_out, v_out, pool_rows, &a.kv));
+  PRISM_RETURN_IF_ERROR(PoolDest(stream, k_pages, v_pages, slot, k_out, v_out, a.dm, &a.kv));
   return Launch(stream, a);
 }
 
@@ -235,13 +235,10 @@ ffi::Error QkvRopeSumKvCuda(cudaStream_t stream, ffi::BufferR4<ffi::F32> y2,
   QkvRopeArgs a{nullptr, y2.typed_data(), y_w2.typed_data(), cos.typed_data(), sin.typed_data(),
                 q_gamma.typed_data(), k_gamma.typed_data(), q->typed_data(), {}, {}, eps,
                 weight_offset, qk_norm != 0};
-  int64_t pool_rows = 0;
   PRISM_RETURN_IF_ERROR(CheckQkvRopeSum(y2.dimensions(), y_w2.dimensions(), cos.dimensions(),
                                         sin.dimensions(), q_gamma.dimensions(),
                                         k_gamma.dimensions(), q->dimensions(), &a.dm));
-  PRISM_RETURN_IF_ERROR(CheckKvPools(k_pages.dimensions(), v_pages.dimensions(),
-                                     slot.dimensions(), a.dm, &pool_rows));
-  PRISM_RETURN_IF_ERROR(PoolDest(stream, k_pages, v_pages, slot, k_out, v_out, pool_rows, &a.kv));
+  PRISM_RETURN_IF_ERROR(PoolDest(stream, k_pages, v_pages, slot, k_out, v_out, a.dm, &a.kv));
   return Launch(stream, a);
 }
 
