@@ -21,14 +21,17 @@ kept in DIR/compile.json) and the runs are checked not to compile anything.
 
 Writes DIR/e2e.jsonl (one JSON line per scenario, also printed), DIR/E2E.md, DIR/e2e.png;
 --profile adds a host-prep / forward / readout split per scenario (synchronised parts of a
-run), --trace a jax.profiler trace of three runs each under DIR/trace. --compile-only stops
-after compiling. --preset tiny is a small model for CPU smoke tests: its numbers are not
-results (--layers 62 with it gives CPU lower bounds on compile times).
+run; e2e_split.py), --baseline-after builds the bf16 model only once the int8 engine is freed
+(a card that cannot hold both: the 27B on an H100), --trace a jax.profiler trace of three
+runs each under DIR/trace. --compile-only stops after compiling. --preset tiny is a small
+model for CPU smoke tests: its numbers are not results (--layers 62 with it gives CPU lower
+bounds on compile times).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import pathlib
@@ -38,8 +41,9 @@ import sys
 import time
 
 import jax
+import numpy as np
 from bench_common import commit, stats, timed  # benchmarks/ is sys.path[0] as a script
-from e2e_baseline import Baseline, baseline_requests, measure_baseline
+from e2e_baseline import Baseline, build_baseline, compile_baseline, with_baseline
 from e2e_report import render
 from e2e_scenarios import (
     PRESETS,
@@ -53,6 +57,7 @@ from e2e_scenarios import (
     scenarios,
     step_keys,
 )
+from e2e_split import split_times
 
 from prism_jax import model, ops
 from prism_jax.config import COMMAND_BUFFERS, EngineConfig, ModelConfig
@@ -79,19 +84,11 @@ def compile_engine(engine: Engine, keys: list[tuple], compile_s: dict) -> None:
             log(f"compiled {name} in {compile_s[name]:.1f} s")
 
 
-def compile_baseline(baseline: Baseline | None, s: Scenario, compile_s: dict) -> None:
-    if baseline is None:  # --no-baseline
-        return
-    for tokens, options in baseline_requests(s):
-        key = f"baseline/{len(tokens)}"
-        if key not in compile_s:
-            start = time.perf_counter()
-            baseline.compile(len(tokens), len(options))
-            compile_s[key] = round(time.perf_counter() - start, 2)
-            log(f"compiled {key} in {compile_s[key]:.1f} s")
-
-
-def measure(engine: Engine, baseline, s: Scenario, runs: int, chunk: int, warmup: int = 1) -> dict:
+def measure(
+    engine: Engine, baseline, s: Scenario, runs: int, chunk: int, warmup: int = 1
+) -> tuple[dict, list]:
+    """The scenario's row (with the baseline's columns when `baseline` is given, else None)
+    and the engine's probabilities per question."""
     compilations = engine.runner.compilations  # everything was compiled beforehand
     engine.cache.clear()
     for q in s.prefill:  # untimed: fills the prefix cache
@@ -114,58 +111,21 @@ def measure(engine: Engine, baseline, s: Scenario, runs: int, chunk: int, warmup
         "the scenario compiled a step: step_keys is wrong"
     )
     cached = sum(result.cached_tokens(q) for q in range(len(s.questions)))
-    base = measure_baseline(baseline, s, runs, result) if baseline else {}
-    prism = stats(t_prism)
-    return {
+    row = {
         "scenario": s.name,
         "title": TITLES[s.name],
         "shapes": s.shapes,
-        "prism": prism,
-        "baseline": base.get("stats"),
-        "ratio": base["stats"]["median_ms"] / prism["median_ms"] if base else None,
+        "prism": stats(t_prism),
         "engine_step_ms": 1e3 * statistics.median(r.seconds for r in results),
         "computed_tokens": result.computed_tokens,
         "cached_tokens": cached,
         "steps": result.steps,
-        "baseline_tokens": base.get("tokens"),
-        "prob_max_abs_diff_vs_bf16": base.get("diff"),
         "target_ms": TARGET_MS[s.name],
         "prism_published_ms": PRISM_MS[s.name],
     }
-
-
-# --- per-op split (--profile) -----------------------------------------------------------------
-
-
-def split_times(engine: Engine, s: Scenario, runs: int, chunk: int) -> dict:
-    """Host prep (forest, cache, step arrays) / forward steps / readouts, each synchronised:
-    engine.run's work done by hand, so the parts add up to a little more than a run."""
-    from prism_jax.forest import build_forest
-    from prism_jax.scheduler import place, plan_steps, release, step_arrays
-
-    parts: dict[str, list[float]] = {"host_ms": [], "forward_ms": [], "readout_ms": []}
-    for _ in range(runs):
-        if s.cold:
-            engine.cache.clear()
-        t0 = time.perf_counter()
-        forest = build_forest(s.questions, engine.root_len)
-        placements = place(forest, engine.cache)
-        host, fwd, read = time.perf_counter() - t0, 0.0, 0.0
-        for plan in plan_steps(forest, placements, chunk):
-            t0 = time.perf_counter()
-            arrays = step_arrays(
-                forest, placements, plan, engine.engine_config, engine.pool.num_pages
-            )
-            t1 = time.perf_counter()
-            hidden = jax.block_until_ready(engine.runner.forward(arrays))
-            t2 = time.perf_counter()
-            if plan.rows:
-                engine.runner.read(hidden, arrays)
-            host, fwd, read = host + t1 - t0, fwd + t2 - t1, read + time.perf_counter() - t2
-        release(placements, engine.cache, True)
-        for k, v in zip(parts, (host, fwd, read), strict=True):
-            parts[k].append(1e3 * v)
-    return {k: statistics.median(v) for k, v in parts.items()}
+    # Host copies: the bf16 baseline compares against them, possibly after the engine is gone.
+    probabilities = [np.asarray(p, np.float64) for p in result.probabilities]
+    return with_baseline(row, baseline, s, runs, probabilities), probabilities
 
 
 # --- setup and main ---------------------------------------------------------------------------
@@ -209,14 +169,12 @@ def build(config: ModelConfig, args, times: dict) -> tuple[Engine, Baseline | No
     prism_config = config.replace(attention_numerics=getattr(args, "attention", "canonical"))
     engine = Engine(prism_config, params8, None, None, name="prism_jax int8", engine_config=e)
     engine.root_len = ROOT_LEN
-    if args.no_baseline:
-        log(f"random weights: int8 {times['init_int8_s']} s, no baseline")
+    if args.no_baseline or getattr(args, "baseline_after", False):
+        log(f"random weights: int8 {times['init_int8_s']} s, no baseline (yet)")
         return engine, None
-    start = time.perf_counter()
-    params16 = jax.block_until_ready(model.init_random(config, "bf16", args.seed))
-    times["init_bf16_s"] = round(time.perf_counter() - start, 2)
+    baseline = build_baseline(config, args.seed, times)
     log(f"random weights: int8 {times['init_int8_s']} s, bf16 {times['init_bf16_s']} s")
-    return engine, Baseline(params16, config)
+    return engine, baseline
 
 
 def meta(args, config: ModelConfig) -> dict:
@@ -239,6 +197,7 @@ def meta(args, config: ModelConfig) -> dict:
         "layers_per_call": args.layers_per_call,
         "readout_only_last_layer": not args.whole_last_layer,
         "warmup_runs": getattr(args, "warmup", 1),
+        "baseline_after": getattr(args, "baseline_after", False),
         "kv_write": "qkv_rope" if ops.kv_write_fused() else "tree_attention",  # PRISM_QKV_ROPE_KV
         # What XLA ran under (command buffer modes, profiling with graphs): A/Bs differ here.
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
@@ -291,6 +250,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="jax.profiler traces + per-op GPU time (breakdown.jsonl)",
     )
     p.add_argument(
+        "--baseline-after",
+        action="store_true",
+        help="build the bf16 baseline only after every engine run, once the int8 model is "
+        "freed (a card that cannot hold both: the 27B on an H100); rows are printed twice",
+    )
+    p.add_argument(
         "--no-baseline",
         action="store_true",
         help="skip the bf16 baseline (engine probes: XLA flags, traces); rows are smoke rows",
@@ -322,14 +287,18 @@ def main(argv=None) -> None:
     ]
     summary = out / "compile.json"  # rewritten after each scenario: a cut-short run still reports
     (out / "e2e.jsonl").write_text("")
+    measured = []  # (scenario, row, the engine's probabilities)
     for s in chosen:  # compile then measure each in turn: a run cut short keeps what it measured
         compile_scenario(engine, baseline, s, args.chunk, setup["compile_s"])
         setup["total_s"] = round(time.perf_counter() - t_start, 1)
         summary.write_text(json.dumps({**info, **setup}, indent=1) + "\n")
         if not args.compile_only:
-            run_scenario(engine, baseline, s, args, info, out)
+            measured.append((s, *run_scenario(engine, baseline, s, args, info, out)))
     if args.trace:
         trace(engine, baseline, chosen, args.chunk, out / "trace")
+    if args.baseline_after and not args.no_baseline:
+        del engine  # the int8 weights and KV pool go before the bf16 model is built
+        baseline_after(config, args, chosen, measured, setup, out)
     setup["total_s"] = round(time.perf_counter() - t_start, 1)
     summary.write_text(json.dumps({**info, **setup}, indent=1) + "\n")
     log(f"done in {setup['total_s']} s (compiling {sum(setup['compile_s'].values()):.1f} s)")
@@ -340,22 +309,48 @@ def main(argv=None) -> None:
 def compile_scenario(engine: Engine, baseline: Baseline, s: Scenario, chunk: int, times: dict):
     keys = step_keys(engine.runner, engine_steps(s, chunk))
     compile_engine(engine, keys, times)
-    compile_baseline(baseline, s, times)
+    compile_baseline(baseline, s, times, log)
 
 
 def run_scenario(engine: Engine, baseline: Baseline, s: Scenario, args, info: dict, out):
-    row = {**info, **measure(engine, baseline, s, args.runs, args.chunk, args.warmup)}
+    """Measures s, prints and appends its row; returns the row and the engine's answers."""
+    row, probabilities = measure(engine, baseline, s, args.runs, args.chunk, args.warmup)
+    row = {**info, **row}
     if args.profile:
         row["split_ms"] = split_times(engine, s, args.runs, args.chunk)
     print(json.dumps(row), flush=True)
     with open(out / "e2e.jsonl", "a") as f:
         f.write(json.dumps(row) + "\n")
+    log_row(row)
+    return row, probabilities
+
+
+def log_row(row: dict) -> None:
     p = row["prism"]["median_ms"]
     if row["baseline"] is None:
-        log(f"{s.name}: prism_jax {p:.2f} ms (no baseline)")
+        log(f"{row['scenario']}: prism_jax {p:.2f} ms (no baseline yet)")
         return
     b = row["baseline"]["median_ms"]
-    log(f"{s.name}: prism_jax {p:.2f} ms, baseline {b:.2f} ms, ratio {row['ratio']:.1f}")
+    log(f"{row['scenario']}: prism_jax {p:.2f} ms, baseline {b:.2f} ms, ratio {row['ratio']:.1f}")
+
+
+def baseline_after(config: ModelConfig, args, chosen, measured, setup: dict, out) -> None:
+    """--baseline-after: the bf16 model built once the int8 engine is gone (a card that cannot
+    hold both, e.g. an H100 with the 27B), every scenario's baseline compiled and measured
+    against the engine's kept answers, and e2e.jsonl rewritten with the full rows."""
+    freed = gc.collect()
+    in_use = (jax.devices()[0].memory_stats() or {}).get("bytes_in_use")
+    log(f"int8 engine released ({freed} objects collected; device bytes in use: {in_use})")
+    baseline = build_baseline(config, args.seed, setup)
+    log(f"random weights: bf16 {setup['init_bf16_s']} s")
+    for s in chosen:
+        compile_baseline(baseline, s, setup["compile_s"], log)
+    rows = [with_baseline(row, baseline, s, args.runs, probs) for s, row, probs in measured]
+    with open(out / "e2e.jsonl", "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    for row in rows:
+        print(json.dumps(row), flush=True)
+        log_row(row)
 
 
 def trace(engine: Engine, baseline, chosen: list[Scenario], chunk: int, where: pathlib.Path):

@@ -110,3 +110,47 @@ def test_no_baseline_trace_probe(tmp_path):
     kinds = {json.loads(x)["kind"] for x in (tmp_path / "breakdown.jsonl").read_text().splitlines()}
     assert {"group", "total", "gaps", "host"} <= kinds, kinds
     assert not (tmp_path / "E2E.md").exists()
+
+
+def test_baseline_after_measures_the_bf16_model_once_the_engine_is_gone(tmp_path):
+    """--baseline-after (the 27B on a card that cannot hold both models): every engine step is
+    compiled and timed before the bf16 model exists, then every row gets its baseline."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--preset",
+            "tiny",
+            "--runs",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--scenarios",
+            "one_question,state_3_questions",
+            "--baseline-after",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [json.loads(x) for x in (tmp_path / "e2e.jsonl").read_text().splitlines()]
+    assert [r["scenario"] for r in rows] == ["one_question", "state_3_questions"]
+    for r in rows:
+        assert FIELDS <= set(r), FIELDS - set(r)
+        assert r["baseline_after"] and r["baseline"]["runs"] == 2 and r["ratio"] > 0, r
+        assert r["prob_max_abs_diff_vs_bf16"] < 0.05, r
+    assert rows[1]["baseline_tokens"] == [352] * 3
+    # Printed twice: each engine row as it is measured (no baseline yet), then the full rows.
+    printed = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    assert [p["baseline"] for p in printed[:2]] == [None, None] and printed[2:] == rows
+    # compile.json keeps insertion order: no baseline length compiled before the last step.
+    compiled = list(json.loads((tmp_path / "compile.json").read_text())["compile_s"])
+    kinds = [k.split("/")[0] for k in compiled]
+    assert "baseline" in kinds and "forward" in kinds, compiled
+    assert max(i for i, k in enumerate(kinds) if k != "baseline") < kinds.index("baseline"), (
+        compiled
+    )
+    assert "int8 engine released" in proc.stderr
+    assert "SMOKE RUN" in (tmp_path / "E2E.md").read_text()
