@@ -47,7 +47,9 @@
 #                                 untraced runs' mode; CONCURRENT_REGIONS is not offered: XLA
 #                                 0.11.2 rejects FFI calls in it, results/e2e_h100_session33/);
 #                                 -wk with PRISM_QKV_ROPE_KV=off (tree_attention's write kernel
-#                                 stores k and v; by default qkv_rope does);
+#                                 stores k and v; by default qkv_rope does); -ba with
+#                                 --baseline-after (the bf16 baseline built once the int8
+#                                 engine is freed: an H100 cannot hold both 27B models);
 #                                 these suffixes combine (one-ms-whole); a mode listed twice
 #                                 runs twice, into e2e_<mode> and e2e_<mode>.2
 #   ATTN_BENCH=1                  then run benchmarks/attention_bench.py (tree_attention vs the
@@ -147,6 +149,7 @@ if [ "${E2E:-0}" != 0 ]; then
     case "$digits" in one*) extra=--single-digit ;; esac
     case "$digits" in *-attn*) extra="$extra --attention digits" ;; esac
     case "$digits" in *-whole*) extra="$extra --whole-last-layer" ;; esac
+    case "$digits" in *-ba*) extra="$extra --baseline-after" ;; esac
     batch="" norm="" decomp="" barrier="" kvstore=on
     case "$digits" in *-b8*) batch=8 ;; esac
     case "$digits" in *-lean[248] | *-reg[1248]) norm=${digits##*-} ;; esac
@@ -159,7 +162,8 @@ if [ "${E2E:-0}" != 0 ]; then
       xla="$xla --xla_gpu_command_buffer_update_mode=SKIP_PROFILED" extra="$extra --warmup 4" ;;
     esac
     case "$digits" in *-tg*) xla="$xla --xla_enable_command_buffers_during_profiling=true" ;; esac
-    # Both 27B models (int8 28-56 GB, bf16 ~54 GB) and the KV pool live on the card at once.
+    # Both 27B models (int8 28-56 GB, bf16 ~54 GB) and the KV pool live on the card at once,
+    # except with -ba (--baseline-after: the bf16 model only once the int8 engine is freed).
     # shellcheck disable=SC2086 (E2E_ARGS is a list of arguments)
     PRISM_TREE_ATTENTION_MERGE_BATCH=$batch PRISM_RMSNORM_KERNEL=$norm PRISM_QKV_ROPE_KV=$kvstore \
       PRISM_INT8_GEMM_DECOMP=$decomp PRISM_INT8_GEMM_BARRIER=$barrier \
