@@ -31,7 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _model_flags(p.add_argument)
-    _server_flags(p.add_argument)
+    _listen_flags(p.add_argument)
+    _limit_flags(p.add_argument)
+    _startup_flags(p.add_argument)
     return p
 
 
@@ -58,7 +60,8 @@ def _model_flags(a: Any) -> None:
     )
 
 
-def _server_flags(a: Any) -> None:
+def _listen_flags(a: Any) -> None:
+    """Where the server listens and who may use it."""
     a(
         "--host",
         default="127.0.0.1",
@@ -78,6 +81,10 @@ def _server_flags(a: Any) -> None:
         help="allow a non-loopback --host "
         "without an API key (anyone who reaches the port can use the server)",
     )
+
+
+def _limit_flags(a: Any) -> None:
+    """Queueing, batching and size limits."""
     a(
         "--max-queue",
         type=int,
@@ -119,6 +126,10 @@ def _server_flags(a: Any) -> None:
         default=1024,
         help="/v1/completions: most prompt + generated tokens per prompt (default: %(default)s)",
     )
+
+
+def _startup_flags(a: Any) -> None:
+    """Start-up, shutdown and logging."""
     a(
         "--no-warmup",
         dest="warmup",
