@@ -41,7 +41,6 @@ import sys
 import time
 
 import jax
-import numpy as np
 from bench_common import commit, stats, timed  # benchmarks/ is sys.path[0] as a script
 from e2e_baseline import Baseline, build_baseline, compile_baseline, with_baseline
 from e2e_report import render
@@ -123,9 +122,8 @@ def measure(
         "target_ms": TARGET_MS[s.name],
         "prism_published_ms": PRISM_MS[s.name],
     }
-    # Host copies: the bf16 baseline compares against them, possibly after the engine is gone.
-    probabilities = [np.asarray(p, np.float64) for p in result.probabilities]
-    return with_baseline(row, baseline, s, runs, probabilities), probabilities
+    # Host lists of floats: --baseline-after compares against them once the engine is gone.
+    return with_baseline(row, baseline, s, runs, result.probabilities), result.probabilities
 
 
 # --- setup and main ---------------------------------------------------------------------------
@@ -327,8 +325,8 @@ def run_scenario(engine: Engine, baseline: Baseline, s: Scenario, args, info: di
 
 def log_row(row: dict) -> None:
     p = row["prism"]["median_ms"]
-    if row["baseline"] is None:
-        log(f"{row['scenario']}: prism_jax {p:.2f} ms (no baseline yet)")
+    if row["baseline"] is None:  # --no-baseline, or --baseline-after before the bf16 model
+        log(f"{row['scenario']}: prism_jax {p:.2f} ms (no baseline)")
         return
     b = row["baseline"]["median_ms"]
     log(f"{row['scenario']}: prism_jax {p:.2f} ms, baseline {b:.2f} ms, ratio {row['ratio']:.1f}")

@@ -14,14 +14,19 @@ FIELDS = set(
 )
 
 
-def test_tiny_run_writes_one_line_per_scenario(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--preset", "tiny", "--runs", "2", "--out", str(tmp_path)],
+def _run_tiny(out, *extra: str) -> subprocess.CompletedProcess:
+    """e2e_decide.py at its tiny preset, 2 timed runs, into out, with extra arguments."""
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--preset", "tiny", "--runs", "2", "--out", str(out), *extra],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=ROOT,
     )
+
+
+def test_tiny_run_writes_one_line_per_scenario(tmp_path):
+    proc = _run_tiny(tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     printed = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
     rows = [json.loads(x) for x in (tmp_path / "e2e.jsonl").read_text().splitlines()]
@@ -53,29 +58,16 @@ def test_tiny_run_writes_one_line_per_scenario(tmp_path):
 
 
 def _trace_probe(out) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--preset",
-            "tiny",
-            "--runs",
-            "2",
-            "--out",
-            str(out),
-            "--scenarios",
-            "one_question",
-            "--no-baseline",
-            "--trace",
-            # More than one warm-up run of a cold scenario: each starts from an empty cache
-            # (a hit would run, and compile, another step; the H100 caught this in session 33).
-            "--warmup",
-            "3",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
+    return _run_tiny(
+        out,
+        "--scenarios",
+        "one_question",
+        "--no-baseline",
+        "--trace",
+        # More than one warm-up run of a cold scenario: each starts from an empty cache
+        # (a hit would run, and compile, another step; the H100 caught this in session 33).
+        "--warmup",
+        "3",
     )
 
 
@@ -115,25 +107,7 @@ def test_no_baseline_trace_probe(tmp_path):
 def test_baseline_after_measures_the_bf16_model_once_the_engine_is_gone(tmp_path):
     """--baseline-after (the 27B on a card that cannot hold both models): every engine step is
     compiled and timed before the bf16 model exists, then every row gets its baseline."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            "--preset",
-            "tiny",
-            "--runs",
-            "2",
-            "--out",
-            str(tmp_path),
-            "--scenarios",
-            "one_question,state_3_questions",
-            "--baseline-after",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
+    proc = _run_tiny(tmp_path, "--scenarios", "one_question,state_3_questions", "--baseline-after")
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(x) for x in (tmp_path / "e2e.jsonl").read_text().splitlines()]
     assert [r["scenario"] for r in rows] == ["one_question", "state_3_questions"]
