@@ -50,6 +50,9 @@
 #                                 stores k and v; by default qkv_rope does); -ba with
 #                                 --baseline-after (the bf16 baseline built once the int8
 #                                 engine is freed: an H100 cannot hold both 27B models);
+#                                 -nopg with PRISM_GLU_PREFETCH=off, -nopa with
+#                                 PRISM_TREE_ATTENTION_PREFETCH=off, -nopf with both (the L2
+#                                 prefetch hints of cc/l2_prefetch.cuh dropped: their A/B);
 #                                 these suffixes combine (one-ms-whole); a mode listed twice
 #                                 runs twice, into e2e_<mode> and e2e_<mode>.2
 #   ATTN_BENCH=1                  then run benchmarks/attention_bench.py (tree_attention vs the
@@ -156,6 +159,9 @@ if [ "${E2E:-0}" != 0 ]; then
     case "$digits" in *-dp*) decomp=d ;; esac
     case "$digits" in *-ms*) barrier=memset ;; esac
     case "$digits" in *-wk*) kvstore=off ;; esac
+    glu_pf="" attn_pf=""
+    case "$digits" in *-nopg* | *-nopf*) glu_pf=off ;; esac
+    case "$digits" in *-nopa* | *-nopf*) attn_pf=off ;; esac
     xla=""
     case "$digits" in *-vt*) xla="$xla --xla_gpu_command_buffer_update_mode=SKIP_TEMP" ;; esac
     case "$digits" in *-vp*)
@@ -167,6 +173,7 @@ if [ "${E2E:-0}" != 0 ]; then
     # shellcheck disable=SC2086 (E2E_ARGS is a list of arguments)
     PRISM_TREE_ATTENTION_MERGE_BATCH=$batch PRISM_RMSNORM_KERNEL=$norm PRISM_QKV_ROPE_KV=$kvstore \
       PRISM_INT8_GEMM_DECOMP=$decomp PRISM_INT8_GEMM_BARRIER=$barrier \
+      PRISM_GLU_PREFETCH=$glu_pf PRISM_TREE_ATTENTION_PREFETCH=$attn_pf \
       XLA_FLAGS="${XLA_FLAGS:-}$xla" XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 \
       timeout -s INT "${E2E_TIMEOUT:-560}" \
       $PY benchmarks/e2e_decide.py --preset gemma3-27b --out "$dir" ${E2E_ARGS:-} $extra 2>&1 |

@@ -22,12 +22,14 @@
 
 #include "cc/common.h"
 #include "cc/cuda_common.cuh"
+#include "cc/l2_prefetch.cuh"
 #include "cc/numerics.h"
 #include "cc/ops/glu_quant.h"
 
 namespace prism {
 
 constexpr int kGluMaxThreads = 1024;
+constexpr int64_t kGluLoadsAhead = 2;  // chunks a thread of pass 1 loads at once (its unroll)
 constexpr int64_t kGluMaxCachedBytes = 200 << 10;  // under the H200's 227 KB per block
 // Each row source below names kBlocksPerSm, the blocks an SM must hold, and kMaxThreads, the
 // widest block (GluRowsKernel's __launch_bounds__). The pair and plain rows: two blocks of
@@ -63,6 +65,11 @@ struct PairRows {
     const T* gate = gate_up + r * 2 * f;
     GatedChunk(gate, gate + f, act, i0, cnt, v);
   }
+  __device__ __forceinline__ void Prefetch(int64_t r, int64_t from) const {
+    const T* gate = gate_up + r * 2 * f;
+    PrefetchL2(gate + from, (f - from) * static_cast<int64_t>(sizeof(T)));
+    PrefetchL2(gate + f + from, (f - from) * static_cast<int64_t>(sizeof(T)));
+  }
 };
 
 // Row source of glu_quant2_sum: gate_up = y2[r] + (y2[M + r] + yw2[r]), the two-digit
@@ -94,6 +101,13 @@ struct SumRows {
 #pragma unroll
     for (int i = 0; i < kVec; ++i) v[i] = __fmul_rn(Activate(act, v[i]), u[i]);
   }
+  __device__ __forceinline__ void Prefetch(int64_t r, int64_t from) const {
+    const float* rows[3] = {y2 + r * 2 * f, y2 + (m + r) * 2 * f, yw2 + r * 2 * f};
+    for (const float* row : rows) {  // gate, then up, of each partial product
+      PrefetchL2(row + from, (f - from) * static_cast<int64_t>(sizeof(float)));
+      PrefetchL2(row + f + from, (f - from) * static_cast<int64_t>(sizeof(float)));
+    }
+  }
 };
 
 // SumRows for at most one row an SM: one wide block a row (half the chunks a thread).
@@ -109,6 +123,9 @@ struct PlainRows {
   __device__ __forceinline__ void Gated(int64_t r, Activation, int64_t i0, int cnt,
                                         float (&v)[kVec]) const {
     LoadChunk(y + r * f + i0, cnt, v);
+  }
+  __device__ __forceinline__ void Prefetch(int64_t r, int64_t from) const {
+    PrefetchL2(y + r * f + from, (f - from) * static_cast<int64_t>(sizeof(float)));
   }
 };
 
@@ -169,9 +186,14 @@ __device__ __forceinline__ float ChunkMax(float m, const float (&v)[kVec], int c
 
 // The passes at the top of this file for row blockIdx.x; each thread only ever touches its
 // own chunks of the cache.
+//
+// prefetch: thread 0 first asks the L2 for the row's inputs past the chunks pass 1 loads at
+// once (kGluLoadsAhead a thread). A row's block otherwise requests those only after its first
+// loads return, and with every row of a one-wave grid (the 27B's 256-token step: 256 rows on
+// 132 SMs) waiting the same way, DRAM idles between the two rounds. A hint: same bits.
 template <typename Src, bool kTwo>
 __global__ void __launch_bounds__(Src::kMaxThreads, Src::kBlocksPerSm)
-    GluRowsKernel(Src src, GluOut out, Activation act, bool cached) {
+    GluRowsKernel(Src src, GluOut out, Activation act, bool cached, bool prefetch) {
   extern __shared__ float4 cache4[];  // [F] floats when cached (float4: 16-byte aligned)
   float* cache = reinterpret_cast<float*>(cache4);
   __shared__ float scratch1[kGluMaxThreads / kWarpSize], scratch2[kGluMaxThreads / kWarpSize];
@@ -180,7 +202,10 @@ __global__ void __launch_bounds__(Src::kMaxThreads, Src::kBlocksPerSm)
   float v[kVec];
   int8_t codes[kVec];
   float amax = 0.0f;
-#pragma unroll 2  // two chunks' loads in flight before either's activation
+  if (prefetch && threadIdx.x == 0 && kGluLoadsAhead * stride < end) {
+    src.Prefetch(r, kGluLoadsAhead * stride);
+  }
+#pragma unroll 2  // kGluLoadsAhead: two chunks' loads in flight before either's activation
   for (int64_t i0 = first; i0 < end; i0 += stride) {
     const int cnt = ChunkCount(i0, end);
     src.Gated(r, act, i0, cnt, v);
@@ -238,6 +263,17 @@ inline ffi::Error GluCacheAllowed(const std::string& op, bool* allowed) {
   return ffi::Error::Success();
 }
 
+// PRISM_GLU_PREFETCH=off drops pass 1's L2 prefetch (GluRowsKernel; an A/B knob for the
+// benchmarks); unset or "on" keeps it. Anything else is an error.
+inline ffi::Error GluPrefetchAllowed(const std::string& op, bool* allowed) {
+  const char* env = std::getenv("PRISM_GLU_PREFETCH");
+  const std::string v = env != nullptr ? env : "";
+  PRISM_REQUIRE(v.empty() || v == "on" || v == "off",
+                op + ": PRISM_GLU_PREFETCH must be unset, on or off; got " + v);
+  *allowed = v != "off";
+  return ffi::Error::Success();
+}
+
 // Threads of a cached row's block. Few rows (latency-bound): one chunk per thread. Many rows:
 // as many threads as leave the SM's 2048 to the blocks its shared memory holds (227 KB over
 // F floats per row), at least 256, so the 27B's F = 21504 (two blocks per SM) keeps 1024
@@ -259,8 +295,9 @@ ffi::Error GluRowsLaunch(cudaStream_t stream, const Src& src, const GluOut& out,
                          const std::string& op) {
   if (src.m == 0) return ffi::Error::Success();
   PRISM_REQUIRE(src.m <= 0x7fffffff, op + ": too many rows for one grid");
-  bool allowed = true;
+  bool allowed = true, prefetch = true;
   if (auto e = GluCacheAllowed(op, &allowed); e.failure()) return e;
+  if (auto e = GluPrefetchAllowed(op, &prefetch); e.failure()) return e;
   const int64_t bytes = src.f * static_cast<int64_t>(sizeof(float));
   const bool cached = allowed && bytes <= kGluMaxCachedBytes;
   const size_t smem = cached ? static_cast<size_t>(bytes) : 0;
@@ -285,7 +322,8 @@ ffi::Error GluRowsLaunch(cudaStream_t stream, const Src& src, const GluOut& out,
   const int threads = std::min(
       Src::kMaxThreads, cached ? CachedRowThreads(src.m, src.f) : RowBlockThreads(src.m, src.f));
   GluRowsKernel<Src, kTwo>
-      <<<static_cast<unsigned>(src.m), threads, smem, stream>>>(src, out, act, cached);
+      <<<static_cast<unsigned>(src.m), threads, smem, stream>>>(src, out, act, cached,
+                                                                 prefetch);
   return LaunchStatus(op.c_str());
 }
 

@@ -51,7 +51,8 @@ __device__ __forceinline__ void AttendBlock(const Q* __restrict__ q, const KV* _
                                             const KV* __restrict__ v_pool, const Dims& dm,
                                             const Tables& tb, float scale, int32_t window,
                                             int64_t b, int64_t kvh, float* smem,
-                                            BlockInfo& info, Q* __restrict__ out) {
+                                            BlockInfo& info, Q* __restrict__ out,
+                                            bool prefetch = false) {
   using S = Shape<kH, kPW>;
   const Smem sm = CarveSmem<kH, kPW>(smem);
   const int g_count = static_cast<int>(dm.n / dm.k), qt = S::kPairs / g_count;
@@ -73,7 +74,10 @@ __device__ __forceinline__ void AttendBlock(const Q* __restrict__ q, const KV* _
   for (int64_t j = jlo; j <= jhi; ++j) {
     for (int ci = 0; ci < nc; ++ci) {
       if (j < sm.chains[ci].lo || j > sm.chains[ci].hi) continue;  // uniform (shared memory)
-      StageTile<KV, kH, kPW>(k_pool, v_pool, dm, tb, window, kvh, j, ci, qt, sm);
+      // The next tile this block stages is j + 1 of the same chain when the block has one
+      // chain (StageTile checks that the chain sees it).
+      StageTile<KV, kH, kPW>(k_pool, v_pool, dm, tb, window, kvh, j, ci, qt, sm,
+                             prefetch && nc == 1);
       Partials<kH, kPW> pt;
       TilePartials<kH, kPW>(sm, j, ci, window, scale, g_count, &pt);
       MergePartials<kH, kPW>(pt, st_m, st_l, st_acc);
@@ -97,11 +101,11 @@ template <typename Q, typename KV, int kH, int kPW>
 __global__ void __launch_bounds__(kThreads, kH <= 128 ? 2 : 1)
     BlockAttendKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
                       const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale,
-                      int32_t window, Q* __restrict__ out) {
+                      int32_t window, Q* __restrict__ out, bool prefetch) {
   extern __shared__ __align__(16) float smem[];
   __shared__ BlockInfo info;
   AttendBlock<Q, KV, kH, kPW>(q, k_pool, v_pool, dm, tb, scale, window, blockIdx.x, blockIdx.y,
-                              smem, info, out);
+                              smem, info, out, prefetch);
 }
 
 }  // namespace block

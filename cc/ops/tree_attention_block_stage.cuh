@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "cc/cuda_common.cuh"
+#include "cc/l2_prefetch.cuh"
 #include "cc/numerics.h"
 #include "cc/ops/tree_attention.h"
 
@@ -290,16 +291,26 @@ __device__ __forceinline__ void SetupBlock(const Q* q, const Dims& dm, const Tab
 // Block-wide: tile j's rows for chain ci (positions a token of that chain sees), and the K, V
 // rows staged in smem. Starts with a barrier (every warp is done with the previous tile) and
 // ends with one (the tile's K is ready; its V after WaitTileV).
+// prefetch_next: the block stages tile j + 1 of the same chain next (when the chain sees it),
+// so the threads that resolve this tile's rows also resolve that tile's (independent loads,
+// in flight together) and ask the L2 for its K and V rows once this tile's copies are issued:
+// they then arrive while this tile is computed, where they used to be fetched after it (a
+// 4K-key follow-up reads them from DRAM). A hint for rows the chain holds, seen or not: the
+// staged rows, and so the bits, are the same either way.
 template <typename KV, int kH, int kPW>
 __device__ __forceinline__ void StageTile(const KV* k_pool, const KV* v_pool, const Dims& dm,
                                           const Tables& tb, int32_t window, int64_t kvh,
-                                          int64_t j, int ci, int qt, const Smem& sm) {
+                                          int64_t j, int ci, int qt, const Smem& sm,
+                                          bool prefetch_next = false) {
   const int tid = static_cast<int>(threadIdx.x);
+  const bool next = prefetch_next && j + 1 <= sm.chains[ci].hi;
+  int64_t r_next = -1;
   __syncthreads();
   if (tid < kAttnTile) {
     const int64_t p = j * kAttnTile + tid;
     const int32_t* seg = tb.segs + static_cast<int64_t>(sm.chains[ci].chain) * dm.s * kSegFields;
     int64_t r = KeyRow(seg, dm.s, tb.pages_flat, dm.pt, dm.p, dm.l, p);
+    if (next) r_next = KeyRow(seg, dm.s, tb.pages_flat, dm.pt, dm.p, dm.l, p + kAttnTile);
     bool seen = false;
     for (int i = 0; i < qt && r >= 0 && !seen; ++i) {
       seen = sm.toks[i].ci == ci && KeyVisible(p, sm.toks[i].pos, window);
@@ -308,6 +319,11 @@ __device__ __forceinline__ void StageTile(const KV* k_pool, const KV* v_pool, co
   }
   __syncthreads();
   LoadTile<KV, kH, kPW>(k_pool, v_pool, dm.k * kH, kvh, sm.rows, sm.kt, sm.vt);
+  if (r_next >= 0) {  // only threads < kAttnTile resolved a row
+    const int64_t off = r_next * dm.k * kH + kvh * kH;
+    PrefetchL2(k_pool + off, kH * static_cast<int64_t>(sizeof(KV)));
+    PrefetchL2(v_pool + off, kH * static_cast<int64_t>(sizeof(KV)));
+  }
   __syncthreads();
 }
 

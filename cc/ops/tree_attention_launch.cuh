@@ -45,6 +45,19 @@ inline ffi::Error MergeBatch(bool big, int* batch) {
   return ffi::Error::Success();
 }
 
+// PRISM_TREE_ATTENTION_PREFETCH=off (benchmarks' A/B) drops the block and split kernels'
+// L2 prefetch of the next tile's K/V rows (StageTile's prefetch_next); unset or "on" keeps it.
+// Same bits either way.
+inline ffi::Error TilePrefetch(bool* on) {
+  const char* name = std::getenv("PRISM_TREE_ATTENTION_PREFETCH");
+  const std::string s = name == nullptr ? "" : name;
+  PRISM_REQUIRE(s.empty() || s == "on" || s == "off",
+                "prism_tree_attention: PRISM_TREE_ATTENTION_PREFETCH must be on or off (or "
+                "unset), not '" + s + "'");
+  *on = s != "off";
+  return ffi::Error::Success();
+}
+
 // The split kernel's f32 workspace, a result of the call (tree_attention_split.cuh).
 struct Workspace {
   float* data;
@@ -75,7 +88,10 @@ ffi::Error LaunchBlock(cudaStream_t stream, const Q* q, const KV* k_pool, const 
   PRISM_REQUIRE(attr == cudaSuccess, "prism_tree_attention: block kernel shared memory refused");
   const int64_t qt = block::Shape<kH, kBlockPW>::kPairs / dm.g();
   const dim3 grid(static_cast<unsigned>(CeilDiv(dm.t, qt)), static_cast<unsigned>(dm.k));
-  kernel<<<grid, block::kThreads, kSmem, stream>>>(q, k_pool, v_pool, dm, tb, scale, window, out);
+  bool prefetch = true;
+  if (auto e = TilePrefetch(&prefetch); e.failure()) return e;
+  kernel<<<grid, block::kThreads, kSmem, stream>>>(q, k_pool, v_pool, dm, tb, scale, window, out,
+                                                   prefetch);
   return LaunchStatus("prism_tree_attention");
 }
 
@@ -112,14 +128,16 @@ ffi::Error LaunchSplit(cudaStream_t stream, const Workspace& ws, const Q* q, con
   const unsigned grid = static_cast<unsigned>(std::min(resident, nb * dm.k * plan.slots));
   const int64_t covered = plan.rounds * plan.slots;
   int batch = 0;
+  bool prefetch = true;
   if (auto e = MergeBatch(big, &batch); e.failure()) return e;
+  if (auto e = TilePrefetch(&prefetch); e.failure()) return e;
   auto* merge = batch == split::kMergeBatchShort
                     ? split::MergeKernel<Q, kH, split::kMergeBatchShort>
                     : split::MergeKernel<Q, kH, split::kMergeBatchLong>;
   for (int64_t r = 0; r < plan.rounds; ++r) {
     const split::Round rd{r * plan.slots, plan.slots, covered};
     kernel<<<grid, block::kThreads, kSmem, stream>>>(q, k_pool, v_pool, dm, tb, scale, window,
-                                                     rd, plan.part, plan.table);
+                                                     rd, plan.part, plan.table, prefetch);
     merge<<<warps, split::kMergeWarps * kWarpSize, 0, stream>>>(
         dm, qt, rd, r == 0, r + 1 == plan.rounds, plan.part, plan.table, plan.state, out);
   }

@@ -253,7 +253,8 @@ template <typename Q, typename KV, int kH, int kPW>
 __global__ void __launch_bounds__(block::kThreads, kH <= 128 ? 2 : 1)
     PartialKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
                   const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale, int32_t window,
-                  Round rd, float* __restrict__ part, int32_t* __restrict__ table) {
+                  Round rd, float* __restrict__ part, int32_t* __restrict__ table,
+                  bool prefetch) {
   using S = block::Shape<kH, kPW>;
   extern __shared__ __align__(16) float smem[];
   __shared__ block::BlockInfo info;
@@ -290,7 +291,11 @@ __global__ void __launch_bounds__(block::kThreads, kH <= 128 ? 2 : 1)
     const int nc = info.n_chains;
     for (int ci = 0; ci < nc; ++ci) {
       if (j < sm.chains[ci].lo || j > sm.chains[ci].hi) continue;  // uniform (shared memory)
-      block::StageTile<KV, kH, kPW>(k_pool, v_pool, dm, tb, window, kvh, j, ci, qt, sm);
+      // The block's next item is tile j + 1 of the same (b, kvh) when it has one more item
+      // there: with one chain, that is the next tile staged (prefetch_next).
+      const bool next = prefetch && nc == 1 && item + 1 < last &&
+                        (item + 1) / npos == kvh && pos + 1 < wl.ends[b];
+      block::StageTile<KV, kH, kPW>(k_pool, v_pool, dm, tb, window, kvh, j, ci, qt, sm, next);
       block::Partials<kH, kPW> pt;
       block::TilePartials<kH, kPW>(sm, j, ci, window, scale, g_count, &pt);
       WritePartials<kH, kPW>(pt, dm, t0, kvh, g_count, slot_part, &done);
