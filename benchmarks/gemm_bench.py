@@ -364,7 +364,7 @@ def copy_bandwidth(emit, runs, size=1 << 30, device=False):
     emit(row)
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="benchmarks/results/gemm_h200")
     parser.add_argument("--runs", type=int, default=10)
@@ -388,56 +388,76 @@ def main() -> int:
         help="XLA command buffers for every custom call and cuBLAS call, even single ones "
         "(without them each call costs ~20 µs of host dispatch, the floor seen at small M)",
     )
-    args = parser.parse_args()
-    if args.render:
-        rows = [json.loads(line) for line in open(args.render)]  # noqa: SIM115
-        command = args.render_command or "python3 benchmarks/gemm_bench.py"
-        pathlib.Path(args.out, "gemm.md").write_text(markdown(rows, command))
-        return 0
-    if args.graphs:  # read when the backend starts, so before the first device use
-        os.environ["XLA_FLAGS"] = " ".join(
-            [
-                os.environ.get("XLA_FLAGS", ""),
-                "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL",
-                "--xla_gpu_graph_min_graph_size=1",
-            ]
-        ).strip()
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    shapes = {s: {**SHAPES, **SMOKE}[s] for s in args.shapes.split(",")}
-    ms = [int(v) for v in args.ms.split(",")]
-    gpu = jax.devices(args.platform)[0]
+    return parser.parse_args()
+
+
+def enable_graphs() -> None:
+    """--graphs: read when the backend starts, so before the first device use."""
+    os.environ["XLA_FLAGS"] = " ".join(
+        [
+            os.environ.get("XLA_FLAGS", ""),
+            "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL",
+            "--xla_gpu_graph_min_graph_size=1",
+        ]
+    ).strip()
+
+
+def run_meta(gpu) -> dict:
+    """The run's first JSON line: card, jax, commit, date and XLA flags."""
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
         ).stdout.strip()
     except OSError:
         commit = ""
-    meta = {
+    return {
         "device": gpu.device_kind,
         "jax": jax.__version__,
         "commit": commit,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
-    rows = []
-    sink = open(out / "gemm.jsonl", "w")  # noqa: SIM115
-    emit = jsonl_emitter(sink, meta["device"], rows)
 
-    emit({"meta": meta})
-    with jax.default_device(gpu):
-        size = 1 << 30 if args.platform == "gpu" else 1 << 20
-        copy_bandwidth(emit, args.runs, size, args.device_time)
-        key = jax.random.key(0)
-        for name, (n, k) in shapes.items():
+
+def run(args: argparse.Namespace, out: pathlib.Path) -> list[dict]:
+    """Every measurement, each emitted to out/gemm.jsonl as it lands; the rows."""
+    shapes = {s: {**SHAPES, **SMOKE}[s] for s in args.shapes.split(",")}
+    ms = [int(v) for v in args.ms.split(",")]
+    gpu = jax.devices(args.platform)[0]
+    meta = run_meta(gpu)
+    rows = []
+    with open(out / "gemm.jsonl", "w") as sink:
+        emit = jsonl_emitter(sink, meta["device"], rows)
+        emit({"meta": meta})
+        with jax.default_device(gpu):
+            size = 1 << 30 if args.platform == "gpu" else 1 << 20
+            copy_bandwidth(emit, args.runs, size, args.device_time)
+            key = jax.random.key(0)
             sweep = set(map(int, args.sweep_ms.split(","))) if args.sweep_ms else set(ms)
             sweep = sweep if args.sweep else set()
             kernels = [v for v in args.kernels.split(",") if v]
-            key_nk = jax.random.fold_in(key, n * k)
-            bench_shape(name, n, k, ms, args.runs, sweep, emit, key_nk, kernels, args.device_time)
-    if not args.no_torch:
-        bench_torch(shapes, ms, args.runs, emit)
-    sink.close()
+            for name, (n, k) in shapes.items():
+                key_nk = jax.random.fold_in(key, n * k)
+                bench_shape(
+                    name, n, k, ms, args.runs, sweep, emit, key_nk, kernels, args.device_time
+                )
+        if not args.no_torch:
+            bench_torch(shapes, ms, args.runs, emit)
+    return rows
+
+
+def main() -> int:
+    args = parse_args()
+    if args.render:
+        rows = [json.loads(line) for line in open(args.render)]  # noqa: SIM115
+        command = args.render_command or "python3 benchmarks/gemm_bench.py"
+        pathlib.Path(args.out, "gemm.md").write_text(markdown(rows, command))
+        return 0
+    if args.graphs:
+        enable_graphs()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = run(args, out)
     md = markdown(rows, "python3 benchmarks/gemm_bench.py " + " ".join(sys.argv[1:]))
     (out / "gemm.md").write_text(md)
     print(md)

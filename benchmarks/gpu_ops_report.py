@@ -55,7 +55,15 @@ def bf16(rng, shape, scale=1.0):
 
 
 def checks(rng, gpu, cpu):
-    # int8_gemm on 27B shapes (qkv and down), M = 1 and 301.
+    """Every op's rows, in order: the int8 GEMM, the norms, the gated activation, the head."""
+    yield from gemm_checks(rng, gpu, cpu)
+    yield from norm_checks(rng, gpu, cpu)
+    yield from glu_checks(rng, gpu, cpu)
+    yield from head_checks(rng, gpu, cpu)
+
+
+def gemm_checks(rng, gpu, cpu):
+    """int8_gemm on 27B shapes (qkv and down), M = 1 and 301."""
     for n, k in ((8192, 5376), (5376, 21504)):
         w = rng.integers(-127, 128, (n, k), dtype=np.int8)
         s_w = rng.uniform(1e-3, 1e-2, n).astype(np.float32)
@@ -79,6 +87,10 @@ def checks(rng, gpu, cpu):
                 bitwise_vs_cpu=same_bits(yg, yc),
                 row_invariant=inv if m == 301 else None,
             )
+
+
+def norm_checks(rng, gpu, cpu):
+    """rmsnorm and add_rmsnorm_quant on 301 bf16 rows of the 27B's D."""
     d = 5376
     x, r = bf16(rng, (301, d)), bf16(rng, (301, d), 4.0)
     gamma = rng.normal(0, 0.5, d).astype(np.float32)
@@ -102,6 +114,10 @@ def checks(rng, gpu, cpu):
             bitwise_vs_cpu=same_bits(og, oc),
             row_invariant=row_invariant(gpu, fn, list(args), [gamma]),
         )
+
+
+def glu_checks(rng, gpu, cpu):
+    """glu_quant on 301 bf16 rows of the 27B's F, both activations."""
     f = 21504
     g_, u_ = bf16(rng, (301, f), 2.0), bf16(rng, (301, f), 2.0)
     for act in ("gelu_tanh", "silu"):
@@ -117,7 +133,11 @@ def checks(rng, gpu, cpu):
             bitwise_vs_cpu=same_bits((qg, sg), (qc, sc)),
             row_invariant=row_invariant(gpu, glu, [g_, u_], []),
         )
-    v, c = 262_208, 16
+
+
+def head_checks(rng, gpu, cpu):
+    """candidate_head and vocab_logsumexp on 301 rows of the 27B's vocabulary."""
+    d, v, c = 5376, 262_208, 16
     emb = bf16(rng, (v, d), 0.02)
     h = bf16(rng, (301, d))
     ids = rng.integers(0, v, (301, c)).astype(np.int32)

@@ -30,6 +30,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import jax
@@ -187,7 +188,7 @@ def metrics(ref, got, items) -> dict:
     )
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="default")
     ap.add_argument("--items", type=int, default=60)
@@ -199,7 +200,33 @@ def main() -> None:
     ap.add_argument("--skip-int8", action="store_true")
     ap.add_argument("--sensitivity", action="store_true", help="nudge the input by 1e-6")
     ap.add_argument("--timing", type=int, default=0, metavar="N", help="time N int8 forwards")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+@dataclass(frozen=True)
+class Proxy:
+    """The checkpoint, its config and the teacher-forced rows every variant runs."""
+
+    ck: object
+    config: ModelConfig
+    rows: list
+    items: list
+    arrays: list  # (tokens, positions, mask) per row, on the device
+
+    def run(self, params, cfg=None, hidden_fn=None):
+        """(logprobs, seconds) of a variant: its params through `cfg` (default: the model's)."""
+        t = time.perf_counter()
+        cfg = cfg or self.config
+        hidden_fn = hidden_fn or (lambda ri: _forward(params, cfg, *self.arrays[ri]))
+        got = logprobs(hidden_fn, params, cfg, self.rows, self.items)
+        return got, time.perf_counter() - t
+
+    def emit(self, name, ref, got, secs) -> None:
+        row = dict(variant=name, **metrics(ref, got, self.items), seconds=round(secs, 1))
+        print(json.dumps(row), flush=True)
+
+
+def load_proxy(args: argparse.Namespace) -> Proxy:
     from prism_jax.chat_template import ChatTemplate  # noqa: PLC0415
     from prism_jax.tokenizer import Tokenizer  # noqa: PLC0415
 
@@ -208,90 +235,95 @@ def main() -> None:
     tok, template = Tokenizer.from_dir(ck.directory), ChatTemplate.from_dir(ck.directory)
     rows, items = build_rows(tok, template, args.items, args.seed)
     arrays = [tuple(map(jnp.asarray, (r.tokens, r.positions, r.mask))) for r in rows]
+    return Proxy(ck, config, rows, items, arrays)
 
-    def run(params, name, hidden_fn=None, cfg=None):
-        t = time.perf_counter()
-        cfg = cfg or config
-        hidden_fn = hidden_fn or (lambda ri: _forward(params, cfg, *arrays[ri]))
-        got = logprobs(hidden_fn, params, cfg, rows, items)
-        return got, time.perf_counter() - t
 
-    def emit(name, got, secs):
-        row = dict(variant=name, **metrics(ref, got, items), seconds=round(secs, 1))
-        print(json.dumps(row), flush=True)
-
-    if args.timing:
-        # CPU cost of the digits: one packed 512-token row through the decoder (no readout).
-        tok_arrays = arrays[0]
-        for name, rows_, weights_ in (
-            ("one digit", (), ()),
-            ("two-digit rows", PROJ, ()),
-            ("two digits", PROJ, PROJ),
-        ):
-            cfg = config.replace(int8_two_digit_rows=rows_, int8_two_digit_weights=weights_)
-            params = params_from_hf(cfg, ck.tensors, "int8")
+def timing_mode(px: Proxy, runs: int) -> None:
+    """CPU cost of the digits: one packed 512-token row through the decoder (no readout)."""
+    tok_arrays = px.arrays[0]
+    for name, rows_, weights_ in (
+        ("one digit", (), ()),
+        ("two-digit rows", PROJ, ()),
+        ("two digits", PROJ, PROJ),
+    ):
+        cfg = px.config.replace(int8_two_digit_rows=rows_, int8_two_digit_weights=weights_)
+        params = params_from_hf(cfg, px.ck.tensors, "int8")
+        _forward(params, cfg, *tok_arrays).block_until_ready()
+        times = []
+        for _ in range(runs):
+            t = time.perf_counter()
             _forward(params, cfg, *tok_arrays).block_until_ready()
-            times = []
-            for _ in range(args.timing):
-                t = time.perf_counter()
-                _forward(params, cfg, *tok_arrays).block_until_ready()
-                times.append(time.perf_counter() - t)
-            row = dict(variant=f"int8 {name}", tokens=int(rows[0].valid.sum()))
-            print(json.dumps(row | dict(median_s=round(float(np.median(times)), 3))), flush=True)
-        return
-    if args.sensitivity:
-        # How far does an fp32-rounding-sized difference carry (CPU vs CUDA FP32 agree to
-        # ~1e-6)? Every model's embedding scale times (1 + 1e-6), against the same model.
-        one = config.replace(int8_two_digit_rows=(), int8_two_digit_weights=())
-        for name, prec, cfg in (
-            ("fp32", "fp32", config),
-            ("bf16", "bf16", config),
-            ("int8 one digit", "int8", one),
-            ("int8 two digits", "int8", config.replace(**INT8_TWO_DIGITS)),
-        ):
-            params = params_from_hf(cfg, ck.tensors, prec)
-            ref, _ = run(params, name, cfg=cfg)
-            nudged = cfg.replace(embed_scale=cfg.embed_scale * (1 + 1e-6))
-            emit(f"{name}: embedding scale x (1 + 1e-6)", *run(params, name, cfg=nudged))
-        return
-    fp32 = params_from_hf(config, ck.tensors, "fp32")
-    ref, _ = run(fp32, "fp32")
-    two = config.replace(**INT8_TWO_DIGITS)
-    variants = [("bf16", "bf16", config)]
-    if not args.skip_int8:
-        variants += [("int8", "int8", config), ("int8 two digits", "int8", two)]
+            times.append(time.perf_counter() - t)
+        row = dict(variant=f"int8 {name}", tokens=int(px.rows[0].valid.sum()))
+        print(json.dumps(row | dict(median_s=round(float(np.median(times)), 3))), flush=True)
+
+
+def sensitivity_mode(px: Proxy) -> None:
+    """How far does an fp32-rounding-sized difference carry (CPU vs CUDA FP32 agree to ~1e-6)?
+    Every model's embedding scale times (1 + 1e-6), against the same model."""
+    config = px.config
+    one = config.replace(int8_two_digit_rows=(), int8_two_digit_weights=())
+    for name, prec, cfg in (
+        ("fp32", "fp32", config),
+        ("bf16", "bf16", config),
+        ("int8 one digit", "int8", one),
+        ("int8 two digits", "int8", config.replace(**INT8_TWO_DIGITS)),
+    ):
+        params = params_from_hf(cfg, px.ck.tensors, prec)
+        ref, _ = px.run(params, cfg=cfg)
+        nudged = cfg.replace(embed_scale=cfg.embed_scale * (1 + 1e-6))
+        px.emit(f"{name}: embedding scale x (1 + 1e-6)", ref, *px.run(params, cfg=nudged))
+
+
+def precision_variants(px: Proxy, skip_int8: bool):
+    """bf16 and the INT8 models against fp32; returns fp32's logprobs (every later reference)."""
+    fp32 = params_from_hf(px.config, px.ck.tensors, "fp32")
+    ref, _ = px.run(fp32)
+    variants = [("bf16", "bf16", px.config)]
+    if not skip_int8:
+        two = px.config.replace(**INT8_TWO_DIGITS)
+        variants += [("int8", "int8", px.config), ("int8 two digits", "int8", two)]
     for name, prec, cfg in variants:
-        params = params_from_hf(cfg, ck.tensors, prec)
-        emit(name, *run(params, name, cfg=cfg))
-    del fp32
-    L = config.num_layers
+        params = params_from_hf(cfg, px.ck.tensors, prec)
+        px.emit(name, ref, *px.run(params, cfg=cfg))
+    return ref
+
+
+def smoothed_tensors(px: Proxy, alpha: float) -> dict:
+    """The checkpoint's tensors with every layer's smoothing folded in at `alpha`."""
+    fold = sm.layer_folding(px.config, px.ck.tensors, alpha)
+    tensors = dict(px.ck.tensors)
+    for i in range(px.config.num_layers):
+        tensors.update(fold(i))
+    return tensors
+
+
+def emulation_mode(px: Proxy, ref, args: argparse.Namespace) -> None:
+    """The emu variants: --digits (and --alphas), else all, none, --ablate and --only."""
+    L = px.config.num_layers
     every = {(i, p) for i in range(L) for p in PROJ}
     # Smoothed fp32 tensors once; each variant then only re-rounds the weights it quantises.
-    fold = sm.layer_folding(config, ck.tensors, sm.DEFAULT_ALPHA)
-    smoothed = dict(ck.tensors)
-    for i in range(L):
-        smoothed.update(fold(i))
+    smoothed = smoothed_tensors(px, sm.DEFAULT_ALPHA)
 
     def emu(name, quantised: set, a_digits=(), w_digits=(), tensors=None):
         flags = np.zeros((L, 4), np.float32)
         for i, p in quantised:
             flags[i, PROJ.index(p)] = 2 if p in a_digits else 1
-        params = emu_params(config, tensors or smoothed, quantised, w_digits=w_digits)
+        params = emu_params(px.config, tensors or smoothed, quantised, w_digits=w_digits)
         fl = jnp.asarray(flags)
-        fn = lambda ri: _emu_jit(params, config, fl, *arrays[ri])  # noqa: E731
-        emit(name, *run(params, name, fn))
+        fn = lambda ri: _emu_jit(params, px.config, fl, *px.arrays[ri])  # noqa: E731
+        px.emit(name, ref, *px.run(params, hidden_fn=fn))
 
     if args.digits:
-        for spec in args.digits.split(";"):
-            a, w = (part.split("+") if part else [] for part in spec.split("/"))
+        specs = [
+            [part.split("+") if part else [] for part in spec.split("/")]
+            for spec in args.digits.split(";")
+        ]
+        for a, w in specs:
             emu(f"emu 2-digit act {a} weights {w}", every, tuple(a), tuple(w))
         for alpha in args.alphas:
-            f = sm.layer_folding(config, ck.tensors, alpha)
-            t = dict(ck.tensors)
-            for i in range(L):
-                t.update(f(i))
-            for spec in args.digits.split(";"):
-                a, w = (part.split("+") if part else [] for part in spec.split("/"))
+            t = smoothed_tensors(px, alpha)
+            for a, w in specs:
                 emu(f"emu a={alpha} 2-digit act {a} weights {w}", every, tuple(a), tuple(w), t)
         return
     emu("emu all", every)
@@ -307,6 +339,19 @@ def main() -> None:
     for spec in filter(None, args.only.split(",")):
         keep = {(int(s.split(".")[0]), s.split(".")[1]) for s in spec.split("+")}
         emu(f"emu all but {spec}", every - keep)
+
+
+def main() -> None:
+    args = parse_args()
+    px = load_proxy(args)
+    if args.timing:
+        timing_mode(px, args.timing)
+        return
+    if args.sensitivity:
+        sensitivity_mode(px)
+        return
+    ref = precision_variants(px, args.skip_int8)
+    emulation_mode(px, ref, args)
 
 
 if __name__ == "__main__":
