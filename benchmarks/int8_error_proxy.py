@@ -71,6 +71,11 @@ class _FakeQuant:
         one, two = fake_quant(x), fake_quant(x, 2)
         return self.linear(jnp.where(self.flag > 1.5, two, jnp.where(self.flag > 0.5, one, x)))
 
+    def partials_or_output(self, x: jax.Array) -> jax.Array:
+        """Linear's: the fp32 model has no partial products, so its output (the layers ask for
+        the down and o projections' this way)."""
+        return self(x)
+
 
 def _emu_forward(params, config, flags, tokens, positions, mask):
     """flags float [L, 4]: 1 fake-quantises that projection's input (weights are prepared)."""
