@@ -50,9 +50,9 @@
 #                                 stores k and v; by default qkv_rope does); -ba with
 #                                 --baseline-after (the bf16 baseline built once the int8
 #                                 engine is freed: an H100 cannot hold both 27B models);
-#                                 -nopg with PRISM_GLU_PREFETCH=off, -nopa with
-#                                 PRISM_TREE_ATTENTION_PREFETCH=off, -nopf with both (the L2
-#                                 prefetch hints of cc/l2_prefetch.cuh dropped: their A/B);
+#                                 -pg with PRISM_GLU_PREFETCH=on, -pa with
+#                                 PRISM_TREE_ATTENTION_PREFETCH=on, -pf with both (the L2
+#                                 prefetch hints of cc/l2_prefetch.cuh, opt-in: their A/B);
 #                                 these suffixes combine (one-ms-whole); a mode listed twice
 #                                 runs twice, into e2e_<mode> and e2e_<mode>.2
 #   ATTN_BENCH=1                  then run benchmarks/attention_bench.py (tree_attention vs the
@@ -160,8 +160,8 @@ if [ "${E2E:-0}" != 0 ]; then
     case "$digits" in *-ms*) barrier=memset ;; esac
     case "$digits" in *-wk*) kvstore=off ;; esac
     glu_pf="" attn_pf=""
-    case "$digits" in *-nopg* | *-nopf*) glu_pf=off ;; esac
-    case "$digits" in *-nopa* | *-nopf*) attn_pf=off ;; esac
+    case "$digits" in *-pg* | *-pf*) glu_pf=on ;; esac
+    case "$digits" in *-pa* | *-pf*) attn_pf=on ;; esac
     xla=""
     case "$digits" in *-vt*) xla="$xla --xla_gpu_command_buffer_update_mode=SKIP_TEMP" ;; esac
     case "$digits" in *-vp*)

@@ -293,10 +293,11 @@ __device__ __forceinline__ void SetupBlock(const Q* q, const Dims& dm, const Tab
 // ends with one (the tile's K is ready; its V after WaitTileV).
 // prefetch_next: the block stages tile j + 1 of the same chain next (when the chain sees it),
 // so the threads that resolve this tile's rows also resolve that tile's (independent loads,
-// in flight together) and ask the L2 for its K and V rows once this tile's copies are issued:
-// they then arrive while this tile is computed, where they used to be fetched after it (a
-// 4K-key follow-up reads them from DRAM). A hint for rows the chain holds, seen or not: the
-// staged rows, and so the bits, are the same either way.
+// in flight together) and ask the L2 for its K and V rows once this tile's copies are issued,
+// so that they arrive while this tile is computed instead of after it (a 4K-key follow-up
+// reads them from DRAM; the gain is not measured yet: PRISM_TREE_ATTENTION_PREFETCH=on). A
+// hint for rows the chain holds, seen or not: the staged rows, and so the bits, are the same
+// either way.
 template <typename KV, int kH, int kPW>
 __device__ __forceinline__ void StageTile(const KV* k_pool, const KV* v_pool, const Dims& dm,
                                           const Tables& tb, int32_t window, int64_t kvh,

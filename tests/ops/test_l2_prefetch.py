@@ -1,7 +1,8 @@
-"""The L2 prefetch hints (cc/l2_prefetch.cuh) change when data arrives, never a value: the
-gated-activation kernel's row tail (PRISM_GLU_PREFETCH) and tree attention's next tile in the
-block and split kernels (PRISM_TREE_ATTENTION_PREFETCH) give the same bits on and off, and a
-misspelt setting is an error rather than a silent default. GPU only."""
+"""The L2 prefetch hints (cc/l2_prefetch.cuh, opt-in until an H200 has timed them) change when
+data arrives, never a value: the gated-activation kernel's row tail (PRISM_GLU_PREFETCH=on) and
+tree attention's next tile in the block and split kernels (PRISM_TREE_ATTENTION_PREFETCH=on)
+give the same bits on and off, and a misspelt setting is an error rather than a silent default.
+GPU only."""
 
 import jax
 import jax.numpy as jnp
