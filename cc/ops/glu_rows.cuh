@@ -1,18 +1,20 @@
 // The row-quantisation kernel on CUDA, shared by prism_glu_quant, prism_glu_quant2,
-// prism_glu_quant2_sum and prism_quantize_rows (one block per row; thread t holds the
+// prism_glu_quant2_sum and prism_quantize_rows (one block per row, or with
+// PRISM_GLU_CLUSTER=on and few rows a cluster of blocks per row; thread t holds the
 // kVec-element chunks first + k * stride of the row). A row source gives the values a to
 // quantise: the gated activations compute a = Activate(gate) * up with GatedChunk, so
 // glu_quant's codes and glu_quant2's first digit have the same bits; PlainRows reads a as it
 // is. They differ only in that source and in whether a second digit follows.
 //
 // Passes, each over the thread's own chunks: 1. a and the row's amax (exact in any order, so
-// the block width never matters); 2. the codes (two digits: the first digit, then the
-// remainder a - q1 * s1 and its max); 3. (two digits) the remainder's codes. When F floats fit
-// in shared memory (GluRowsLaunch), pass 1 keeps a there and pass 2 overwrites it with the
-// remainders, so every input is read once; longer rows recompute a from the inputs in each
-// pass (the same operations on the same inputs: the same bits).
+// neither the block width nor the cluster matters); 2. the codes (two digits: the first digit,
+// then the remainder a - q1 * s1 and its max); 3. (two digits) the remainder's codes. When F
+// floats fit in shared memory (GluRowsLaunch), pass 1 keeps a there and pass 2 overwrites it
+// with the remainders, so every input is read once; longer rows recompute a from the inputs in
+// each pass (the same operations on the same inputs: the same bits).
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -24,7 +26,9 @@
 #include "cc/cuda_common.cuh"
 #include "cc/l2_prefetch.cuh"
 #include "cc/numerics.h"
+#include "cc/ops/cluster_launch.cuh"
 #include "cc/ops/glu_quant.h"
+#include "cc/ops/glu_rows_env.h"
 
 namespace prism {
 
@@ -184,8 +188,26 @@ __device__ __forceinline__ float ChunkMax(float m, const float (&v)[kVec], int c
   return m;
 }
 
-// The passes at the top of this file for row blockIdx.x; each thread only ever touches its
-// own chunks of the cache.
+// The row's max over the `parts` blocks of its cluster (exact in any order), from each block's
+// max m (equal on all its threads); slot is the block's own __shared__ word for it. Every
+// thread of every block of the cluster must call it; the caller's closing cluster barrier
+// keeps each slot alive until its peers have read it.
+__device__ __forceinline__ float ClusterRowMax(float m, int parts, float* slot) {
+  if (parts == 1) return m;
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  if (threadIdx.x == 0) *slot = m;
+  cluster.sync();  // every block's max is in its slot
+  for (int q = 0; q < parts; ++q) m = fmaxf(m, *cluster.map_shared_rank(slot, q));
+  return m;
+}
+
+// The passes at the top of this file for row blockIdx.x / parts. parts > 1 (a launch in
+// clusters of `parts` blocks, GluRowsLaunch): the row's chunks are dealt over the cluster's
+// threads as over one block parts times as wide, each block caches only its own chunks
+// (compacted), and the row's maxes are exchanged through distributed shared memory
+// (ClusterRowMax). Every value is computed as with one block and the maxes are exact, so the
+// bits do not depend on parts. Each thread only ever touches its own chunks of the cache.
 //
 // prefetch (PRISM_GLU_PREFETCH=on): thread 0 first asks the L2 for the row's inputs past the
 // chunks pass 1 loads at once (kGluLoadsAhead a thread). A row's block otherwise requests
@@ -194,38 +216,44 @@ __device__ __forceinline__ float ChunkMax(float m, const float (&v)[kVec], int c
 // That is the expectation the A/B is to test (not measured yet). A hint: same bits.
 template <typename Src, bool kTwo>
 __global__ void __launch_bounds__(Src::kMaxThreads, Src::kBlocksPerSm)
-    GluRowsKernel(Src src, GluOut out, Activation act, bool cached, bool prefetch) {
-  extern __shared__ float4 cache4[];  // [F] floats when cached (float4: 16-byte aligned)
+    GluRowsKernel(Src src, GluOut out, Activation act, bool cached, bool prefetch, int parts) {
+  extern __shared__ float4 cache4[];  // the block's chunks when cached (16-byte aligned)
   float* cache = reinterpret_cast<float*>(cache4);
   __shared__ float scratch1[kGluMaxThreads / kWarpSize], scratch2[kGluMaxThreads / kWarpSize];
-  const int64_t r = blockIdx.x, stride = static_cast<int64_t>(blockDim.x) * kVec;
-  const int64_t o = r * src.f, first = static_cast<int64_t>(threadIdx.x) * kVec, end = src.f;
+  __shared__ float row_max[2];  // ClusterRowMax's slots: the codes' max, the remainders'
+  const int64_t r = blockIdx.x / parts, rank = blockIdx.x % parts;
+  const int64_t span = static_cast<int64_t>(blockDim.x) * kVec, stride = parts * span;
+  const int64_t own = static_cast<int64_t>(threadIdx.x) * kVec;
+  const int64_t o = r * src.f, first = rank * span + own, end = src.f;
+  // Chunk i0's place in the block's cache: its round times the block's span, plus the thread's
+  // own offset (i0 itself when parts == 1).
+  const auto at = [&](int64_t i0) { return i0 / stride * span + own; };
   float v[kVec];
   int8_t codes[kVec];
   float amax = 0.0f;
-  if (prefetch && threadIdx.x == 0 && kGluLoadsAhead * stride < end) {
+  if (prefetch && rank == 0 && threadIdx.x == 0 && kGluLoadsAhead * stride < end) {
     src.Prefetch(r, kGluLoadsAhead * stride);
   }
 #pragma unroll 2  // kGluLoadsAhead: two chunks' loads in flight before either's activation
   for (int64_t i0 = first; i0 < end; i0 += stride) {
     const int cnt = ChunkCount(i0, end);
     src.Gated(r, act, i0, cnt, v);
-    if (cached) StoreCached(cache, i0, cnt, v);
+    if (cached) StoreCached(cache, at(i0), cnt, v);
     amax = ChunkMax(amax, v, cnt);
   }
-  amax = BlockMax(amax, scratch1);
+  amax = ClusterRowMax(BlockMax(amax, scratch1), parts, &row_max[0]);
   const float inv = QuantInverse(amax), scale = QuantScale(amax);
   float rmax = 0.0f;
   for (int64_t i0 = first; i0 < end; i0 += stride) {
     const int cnt = ChunkCount(i0, end);
     if (cached) {
-      LoadCached(cache, i0, cnt, v);
+      LoadCached(cache, at(i0), cnt, v);
     } else {
       src.Gated(r, act, i0, cnt, v);
     }
     if constexpr (kTwo) {
       FirstDigit(v, inv, scale, codes);
-      if (cached) StoreCached(cache, i0, cnt, v);
+      if (cached) StoreCached(cache, at(i0), cnt, v);
       rmax = ChunkMax(rmax, v, cnt);
     } else {
 #pragma unroll
@@ -233,14 +261,14 @@ __global__ void __launch_bounds__(Src::kMaxThreads, Src::kBlocksPerSm)
     }
     StoreCodes(out.q1 + o + i0, cnt, codes);
   }
-  if (threadIdx.x == 0) out.s1[r] = scale;
+  if (rank == 0 && threadIdx.x == 0) out.s1[r] = scale;
   if constexpr (kTwo) {
-    rmax = BlockMax(rmax, scratch2);
+    rmax = ClusterRowMax(BlockMax(rmax, scratch2), parts, &row_max[1]);
     const float rinv = QuantInverse(rmax);
     for (int64_t i0 = first; i0 < end; i0 += stride) {
       const int cnt = ChunkCount(i0, end);
       if (cached) {
-        LoadCached(cache, i0, cnt, v);  // the remainders pass 2 left
+        LoadCached(cache, at(i0), cnt, v);  // the remainders pass 2 left
       } else {
         src.Gated(r, act, i0, cnt, v);
         FirstDigit(v, inv, scale, codes);
@@ -249,31 +277,9 @@ __global__ void __launch_bounds__(Src::kMaxThreads, Src::kBlocksPerSm)
       for (int i = 0; i < kVec; ++i) codes[i] = QuantCode(v[i], rinv);
       StoreCodes(out.q2 + o + i0, cnt, codes);
     }
-    if (threadIdx.x == 0) out.s2[r] = QuantScale(rmax);
+    if (rank == 0 && threadIdx.x == 0) out.s2[r] = QuantScale(rmax);
   }
-}
-
-// PRISM_GLU_CACHE=off makes every row recompute a (tests compare both paths bitwise on short
-// rows; benchmarks time them); unset or "on" caches rows that fit. Anything else is an error.
-inline ffi::Error GluCacheAllowed(const std::string& op, bool* allowed) {
-  const char* env = std::getenv("PRISM_GLU_CACHE");
-  const std::string v = env != nullptr ? env : "";
-  PRISM_REQUIRE(v.empty() || v == "on" || v == "off",
-                op + ": PRISM_GLU_CACHE must be unset, on or off; got " + v);
-  *allowed = v != "off";
-  return ffi::Error::Success();
-}
-
-// PRISM_GLU_PREFETCH=on turns on pass 1's L2 prefetch (GluRowsKernel); unset or "off" leaves
-// it off. Opt-in until an H200 has timed it: it compiles for sm_90a but has not run on a GPU
-// (session 35). Anything else is an error.
-inline ffi::Error GluPrefetchAllowed(const std::string& op, bool* allowed) {
-  const char* env = std::getenv("PRISM_GLU_PREFETCH");
-  const std::string v = env != nullptr ? env : "";
-  PRISM_REQUIRE(v.empty() || v == "on" || v == "off",
-                op + ": PRISM_GLU_PREFETCH must be unset, on or off; got " + v);
-  *allowed = v == "on";
-  return ffi::Error::Success();
+  if (parts > 1) cooperative_groups::this_cluster().sync();  // peers are done with our slots
 }
 
 // Threads of a cached row's block. Few rows (latency-bound): one chunk per thread. Many rows:
@@ -290,27 +296,37 @@ inline int CachedRowThreads(int64_t m, int64_t f) {
   return static_cast<int>(std::min<int64_t>(wide, std::max<int64_t>(256, fill)));
 }
 
-// Launches GluRowsKernel over src.m rows. A cached row takes F floats of dynamic shared memory
-// (CachedRowThreads sets the block's width); uncached rows take RowBlockThreads' width.
+// Blocks a row: the most of 8, 4, 2 whose blocks for all rows fit the SMs once and leave each
+// block at least a warp of whole chunks; 1 when clusters are off or the rows fill the SMs.
+inline int GluRowParts(int64_t m, int64_t f, bool allowed) {
+  constexpr int kMaxParts = 8;  // the portable cluster size
+  if (!allowed) return 1;
+  for (int p = kMaxParts; p > 1; p /= 2) {
+    if (m * p <= DeviceSmCount() && f >= int64_t{p} * kWarpSize * kVec) return p;
+  }
+  return 1;
+}
+
+// Dynamic shared memory of a cached row's block: the row (parts == 1: two 86 KB rows of the
+// 27B share an SM), else its rounds of chunks times the block's span.
+inline int64_t GluCacheBytes(int64_t f, int threads, int parts) {
+  if (parts == 1) return f * static_cast<int64_t>(sizeof(float));
+  const int64_t span = static_cast<int64_t>(threads) * kVec;
+  return CeilDiv(f, span * parts) * span * static_cast<int64_t>(sizeof(float));
+}
+
+// Opts GluRowsKernel in to `smem` bytes of dynamic shared memory when above the default cap,
+// and (two blocks an SM) to the largest carveout. Not a stream operation.
 template <typename Src, bool kTwo>
-ffi::Error GluRowsLaunch(cudaStream_t stream, const Src& src, const GluOut& out, Activation act,
-                         const std::string& op) {
-  if (src.m == 0) return ffi::Error::Success();
-  PRISM_REQUIRE(src.m <= 0x7fffffff, op + ": too many rows for one grid");
-  bool allowed = true, prefetch = false;
-  if (auto e = GluCacheAllowed(op, &allowed); e.failure()) return e;
-  if (auto e = GluPrefetchAllowed(op, &prefetch); e.failure()) return e;
-  const int64_t bytes = src.f * static_cast<int64_t>(sizeof(float));
-  const bool cached = allowed && bytes <= kGluMaxCachedBytes;
-  const size_t smem = cached ? static_cast<size_t>(bytes) : 0;
-  if (smem > 48 * 1024) {  // above the default cap: opt in (not a stream operation)
+ffi::Error GluRowsSmem(size_t smem, const std::string& op, int64_t f) {
+  if (smem > 48 * 1024) {
     const cudaError_t e = cudaFuncSetAttribute(GluRowsKernel<Src, kTwo>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(smem));
     if (e != cudaSuccess) {
       cudaGetLastError();  // clear it: nothing was launched
-      return ffi::Error::Internal(op + ": shared memory for F = " + std::to_string(src.f) +
-                                  ": " + cudaGetErrorString(e));
+      return ffi::Error::Internal(op + ": shared memory for F = " + std::to_string(f) + ": " +
+                                  cudaGetErrorString(e));
     }
   }
   if constexpr (Src::kBlocksPerSm > 1) {  // the largest carveout: two 86 KB rows share an SM
@@ -319,13 +335,39 @@ ffi::Error GluRowsLaunch(cudaStream_t stream, const Src& src, const GluOut& out,
         cudaSharedmemCarveoutMaxShared);
     (void)carved;
   }
+  return ffi::Error::Success();
+}
+
+// Launches GluRowsKernel over src.m rows, each over `parts` blocks (GluRowParts). A cached row
+// takes its block's share of F floats of dynamic shared memory (CachedRowThreads sets the width
+// of one block a row; split rows take RowBlockThreads' width for their share); uncached rows
+// take RowBlockThreads' width.
+template <typename Src, bool kTwo>
+ffi::Error GluRowsLaunch(cudaStream_t stream, const Src& src, const GluOut& out, Activation act,
+                         const std::string& op) {
+  if (src.m == 0) return ffi::Error::Success();
+  PRISM_REQUIRE(src.m <= 0x7fffffff, op + ": too many rows for one grid");
+  bool allowed = true, prefetch = false, clusters = false;
+  if (auto e = GluCacheAllowed(op, &allowed); e.failure()) return e;
+  if (auto e = GluPrefetchAllowed(op, &prefetch); e.failure()) return e;
+  if (auto e = GluClusterAllowed(op, &clusters); e.failure()) return e;
+  const int parts = GluRowParts(src.m, src.f, clusters);
+  const bool cached =
+      allowed && src.f * static_cast<int64_t>(sizeof(float)) <= kGluMaxCachedBytes;
   static_assert(Src::kMaxThreads <= kGluMaxThreads && Src::kMaxThreads % kWarpSize == 0,
                 "a row source's widest block is whole warps within the scratch arrays");
-  const int threads = std::min(
-      Src::kMaxThreads, cached ? CachedRowThreads(src.m, src.f) : RowBlockThreads(src.m, src.f));
-  GluRowsKernel<Src, kTwo>
-      <<<static_cast<unsigned>(src.m), threads, smem, stream>>>(src, out, act, cached,
-                                                                 prefetch);
+  const int width = parts > 1      ? RowBlockThreads(1, CeilDiv(src.f, parts))
+                    : cached       ? CachedRowThreads(src.m, src.f)
+                                   : RowBlockThreads(src.m, src.f);
+  const int threads = std::min(Src::kMaxThreads, width);
+  const size_t smem = cached ? static_cast<size_t>(GluCacheBytes(src.f, threads, parts)) : 0;
+  if (auto e = GluRowsSmem<Src, kTwo>(smem, op, src.f); e.failure()) return e;
+  const cudaError_t e = LaunchClusters(GluRowsKernel<Src, kTwo>, src.m * parts, threads, smem,
+                                       parts, stream, src, out, act, cached, prefetch, parts);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear it: the error is this call's, reported here
+    return ffi::Error::Internal(op + ": CUDA launch failed: " + cudaGetErrorString(e));
+  }
   return LaunchStatus(op.c_str());
 }
 
