@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "cc/common.h"
 #include "cc/cuda_common.cuh"
@@ -214,25 +215,34 @@ __device__ __forceinline__ float ClusterRowMax(float m, int parts, float* slot) 
 // those only after its first loads return; in a one-wave grid (the 27B's 256-token step: 256
 // rows on 132 SMs) every row waits the same way, so DRAM should idle between the two rounds.
 // That is the expectation the A/B is to test (not measured yet). A hint: same bits.
-template <typename Src, bool kTwo>
-__global__ void __launch_bounds__(Src::kMaxThreads, Src::kBlocksPerSm)
-    GluRowsKernel(Src src, GluOut out, Activation act, bool cached, bool prefetch, int parts) {
+// Both options are template flags (kPrefetch, kCluster; parts is read only with kCluster), so
+// the default kernel's code is what it was before them: at 32 registers a thread, runtime
+// flags alone raised its spills (ptxas -v: glu_quant's 8 -> 32 bytes a thread).
+// A clustered row's block needs no company on its SM (the rows are fewer than the SMs), so
+// its bound leaves it 64 registers: at 32 the two-digit form spilled ~0.2 KB a thread.
+template <typename Src, bool kTwo, bool kPrefetch = false, bool kCluster = false>
+__global__ void __launch_bounds__(Src::kMaxThreads, kCluster ? 1 : Src::kBlocksPerSm)
+    GluRowsKernel(Src src, GluOut out, Activation act, bool cached, int parts) {
   extern __shared__ float4 cache4[];  // the block's chunks when cached (16-byte aligned)
   float* cache = reinterpret_cast<float*>(cache4);
   __shared__ float scratch1[kGluMaxThreads / kWarpSize], scratch2[kGluMaxThreads / kWarpSize];
   __shared__ float row_max[2];  // ClusterRowMax's slots: the codes' max, the remainders'
-  const int64_t r = blockIdx.x / parts, rank = blockIdx.x % parts;
-  const int64_t span = static_cast<int64_t>(blockDim.x) * kVec, stride = parts * span;
+  const int n_parts = kCluster ? parts : 1;
+  const int64_t r = kCluster ? blockIdx.x / n_parts : blockIdx.x;
+  const int64_t rank = kCluster ? blockIdx.x % n_parts : 0;
+  const int64_t span = static_cast<int64_t>(blockDim.x) * kVec, stride = n_parts * span;
   const int64_t own = static_cast<int64_t>(threadIdx.x) * kVec;
   const int64_t o = r * src.f, first = rank * span + own, end = src.f;
   // Chunk i0's place in the block's cache: its round times the block's span, plus the thread's
-  // own offset (i0 itself when parts == 1).
-  const auto at = [&](int64_t i0) { return i0 / stride * span + own; };
+  // own offset (i0 itself with one block a row).
+  const auto at = [&](int64_t i0) { return kCluster ? i0 / stride * span + own : i0; };
   float v[kVec];
   int8_t codes[kVec];
   float amax = 0.0f;
-  if (prefetch && rank == 0 && threadIdx.x == 0 && kGluLoadsAhead * stride < end) {
-    src.Prefetch(r, kGluLoadsAhead * stride);
+  if constexpr (kPrefetch) {
+    if (rank == 0 && threadIdx.x == 0 && kGluLoadsAhead * stride < end) {
+      src.Prefetch(r, kGluLoadsAhead * stride);
+    }
   }
 #pragma unroll 2  // kGluLoadsAhead: two chunks' loads in flight before either's activation
   for (int64_t i0 = first; i0 < end; i0 += stride) {
@@ -241,7 +251,8 @@ __global__ void __launch_bounds__(Src::kMaxThreads, Src::kBlocksPerSm)
     if (cached) StoreCached(cache, at(i0), cnt, v);
     amax = ChunkMax(amax, v, cnt);
   }
-  amax = ClusterRowMax(BlockMax(amax, scratch1), parts, &row_max[0]);
+  amax = BlockMax(amax, scratch1);
+  if constexpr (kCluster) amax = ClusterRowMax(amax, n_parts, &row_max[0]);
   const float inv = QuantInverse(amax), scale = QuantScale(amax);
   float rmax = 0.0f;
   for (int64_t i0 = first; i0 < end; i0 += stride) {
@@ -263,7 +274,8 @@ __global__ void __launch_bounds__(Src::kMaxThreads, Src::kBlocksPerSm)
   }
   if (rank == 0 && threadIdx.x == 0) out.s1[r] = scale;
   if constexpr (kTwo) {
-    rmax = ClusterRowMax(BlockMax(rmax, scratch2), parts, &row_max[1]);
+    rmax = BlockMax(rmax, scratch2);
+    if constexpr (kCluster) rmax = ClusterRowMax(rmax, n_parts, &row_max[1]);
     const float rinv = QuantInverse(rmax);
     for (int64_t i0 = first; i0 < end; i0 += stride) {
       const int cnt = ChunkCount(i0, end);
@@ -279,7 +291,7 @@ __global__ void __launch_bounds__(Src::kMaxThreads, Src::kBlocksPerSm)
     }
     if (rank == 0 && threadIdx.x == 0) out.s2[r] = QuantScale(rmax);
   }
-  if (parts > 1) cooperative_groups::this_cluster().sync();  // peers are done with our slots
+  if constexpr (kCluster) cooperative_groups::this_cluster().sync();  // peers are done with slots
 }
 
 // Threads of a cached row's block. Few rows (latency-bound): one chunk per thread. Many rows:
@@ -315,27 +327,35 @@ inline int64_t GluCacheBytes(int64_t f, int threads, int parts) {
   return CeilDiv(f, span * parts) * span * static_cast<int64_t>(sizeof(float));
 }
 
-// Opts GluRowsKernel in to `smem` bytes of dynamic shared memory when above the default cap,
-// and (two blocks an SM) to the largest carveout. Not a stream operation.
-template <typename Src, bool kTwo>
-ffi::Error GluRowsSmem(size_t smem, const std::string& op, int64_t f) {
+// Opts the kernel in to `smem` bytes of dynamic shared memory when above the default cap, and
+// (two blocks an SM) to the largest carveout, then launches it over m * parts blocks in
+// clusters of parts.
+template <typename Src, bool kTwo, bool kPrefetch, bool kCluster>
+ffi::Error LaunchGluRows(cudaStream_t stream, const Src& src, const GluOut& out, Activation act,
+                         bool cached, int parts, int threads, size_t smem,
+                         const std::string& op) {
+  auto* kernel = GluRowsKernel<Src, kTwo, kPrefetch, kCluster>;
   if (smem > 48 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(GluRowsKernel<Src, kTwo>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(smem));
+    const cudaError_t e = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) {
       cudaGetLastError();  // clear it: nothing was launched
-      return ffi::Error::Internal(op + ": shared memory for F = " + std::to_string(f) + ": " +
-                                  cudaGetErrorString(e));
+      return ffi::Error::Internal(op + ": shared memory for F = " + std::to_string(src.f) +
+                                  ": " + cudaGetErrorString(e));
     }
   }
   if constexpr (Src::kBlocksPerSm > 1) {  // the largest carveout: two 86 KB rows share an SM
     static const cudaError_t carved = cudaFuncSetAttribute(  // a hint, once per kernel
-        GluRowsKernel<Src, kTwo>, cudaFuncAttributePreferredSharedMemoryCarveout,
-        cudaSharedmemCarveoutMaxShared);
+        kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
     (void)carved;
   }
-  return ffi::Error::Success();
+  const cudaError_t e = LaunchClusters(kernel, src.m * parts, threads, smem, parts, stream, src,
+                                       out, act, cached, parts);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear it: the error is this call's, reported here
+    return ffi::Error::Internal(op + ": CUDA launch failed: " + cudaGetErrorString(e));
+  }
+  return LaunchStatus(op.c_str());
 }
 
 // Launches GluRowsKernel over src.m rows, each over `parts` blocks (GluRowParts). A cached row
@@ -361,14 +381,14 @@ ffi::Error GluRowsLaunch(cudaStream_t stream, const Src& src, const GluOut& out,
                                    : RowBlockThreads(src.m, src.f);
   const int threads = std::min(Src::kMaxThreads, width);
   const size_t smem = cached ? static_cast<size_t>(GluCacheBytes(src.f, threads, parts)) : 0;
-  if (auto e = GluRowsSmem<Src, kTwo>(smem, op, src.f); e.failure()) return e;
-  const cudaError_t e = LaunchClusters(GluRowsKernel<Src, kTwo>, src.m * parts, threads, smem,
-                                       parts, stream, src, out, act, cached, prefetch, parts);
-  if (e != cudaSuccess) {
-    cudaGetLastError();  // clear it: the error is this call's, reported here
-    return ffi::Error::Internal(op + ": CUDA launch failed: " + cudaGetErrorString(e));
-  }
-  return LaunchStatus(op.c_str());
+  const auto run = [&](auto prefetch_c, auto cluster_c) {
+    return LaunchGluRows<Src, kTwo, decltype(prefetch_c)::value, decltype(cluster_c)::value>(
+        stream, src, out, act, cached, parts, threads, smem, op);
+  };
+  using On = std::true_type;
+  using Off = std::false_type;
+  if (parts > 1) return prefetch ? run(On{}, On{}) : run(Off{}, On{});
+  return prefetch ? run(On{}, Off{}) : run(Off{}, Off{});
 }
 
 }  // namespace prism

@@ -79,20 +79,30 @@ ffi::Error LaunchLanes(unsigned grid, cudaStream_t stream, const Q* q, const KV*
   return LaunchStatus("prism_tree_attention");
 }
 
+// Both forms of a kernel (without and with the tile prefetch) allowed `bytes` of dynamic shared
+// memory: the first error, or cudaSuccess.
+template <typename Kernel>
+cudaError_t AllowSmem(Kernel* plain, Kernel* ahead, size_t bytes) {
+  constexpr auto kMax = cudaFuncAttributeMaxDynamicSharedMemorySize;
+  const cudaError_t a = cudaFuncSetAttribute(plain, kMax, static_cast<int>(bytes));
+  const cudaError_t b = cudaFuncSetAttribute(ahead, kMax, static_cast<int>(bytes));
+  return a != cudaSuccess ? a : b;
+}
+
 template <int kH, typename Q, typename KV>
 ffi::Error LaunchBlock(cudaStream_t stream, const Q* q, const KV* k_pool, const KV* v_pool,
                        const Dims& dm, const Tables& tb, float scale, int32_t window, Q* out) {
   constexpr size_t kSmem = block::SmemBytes<kH, kBlockPW>();
-  auto* kernel = block::BlockAttendKernel<Q, KV, kH, kBlockPW>;
-  static const cudaError_t attr = cudaFuncSetAttribute(  // once per instantiation
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+  auto* plain = block::BlockAttendKernel<Q, KV, kH, kBlockPW, false>;
+  auto* ahead = block::BlockAttendKernel<Q, KV, kH, kBlockPW, true>;
+  static const cudaError_t attr = AllowSmem(plain, ahead, kSmem);  // once per instantiation
   PRISM_REQUIRE(attr == cudaSuccess, "prism_tree_attention: block kernel shared memory refused");
   const int64_t qt = block::Shape<kH, kBlockPW>::kPairs / dm.g();
   const dim3 grid(static_cast<unsigned>(CeilDiv(dm.t, qt)), static_cast<unsigned>(dm.k));
   bool prefetch = false;
   if (auto e = TilePrefetch(&prefetch); e.failure()) return e;
-  kernel<<<grid, block::kThreads, kSmem, stream>>>(q, k_pool, v_pool, dm, tb, scale, window, out,
-                                                   prefetch);
+  (prefetch ? ahead : plain)<<<grid, block::kThreads, kSmem, stream>>>(q, k_pool, v_pool, dm, tb,
+                                                                       scale, window, out);
   return LaunchStatus("prism_tree_attention");
 }
 
@@ -104,9 +114,9 @@ ffi::Error LaunchSplit(cudaStream_t stream, const Workspace& ws, const Q* q, con
                        const KV* v_pool, const Dims& dm, const Tables& tb, float scale,
                        int32_t window, Q* out) {
   constexpr size_t kSmem = block::SmemBytes<kH, kBlockPW>();
-  auto* kernel = split::PartialKernel<Q, KV, kH, kBlockPW>;
-  static const cudaError_t attr = cudaFuncSetAttribute(  // once per instantiation
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+  auto* plain = split::PartialKernel<Q, KV, kH, kBlockPW, false>;
+  auto* ahead = split::PartialKernel<Q, KV, kH, kBlockPW, true>;
+  static const cudaError_t attr = AllowSmem(plain, ahead, kSmem);  // once per instantiation
   PRISM_REQUIRE(attr == cudaSuccess, "prism_tree_attention: split kernel shared memory refused");
   const int qt = static_cast<int>(block::Shape<kH, kBlockPW>::kPairs / dm.g());
   const split::Plan plan = split::SplitPlan(dm, window, qt, ws.data, ws.floats);
@@ -122,7 +132,7 @@ ffi::Error LaunchSplit(cudaStream_t stream, const Workspace& ws, const Q* q, con
   // Persistent pass 1: as many blocks as fit on the GPU at once, never more than work items.
   static const int64_t resident = [&] {  // once per instantiation (one device kind)
     int per_sm = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block::kThreads, kSmem);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, plain, block::kThreads, kSmem);
     return DeviceSmCount() * std::max(per_sm, 1);
   }();
   const int64_t nb = CeilDiv(dm.t, qt);
@@ -132,13 +142,14 @@ ffi::Error LaunchSplit(cudaStream_t stream, const Workspace& ws, const Q* q, con
   bool prefetch = false;
   if (auto e = MergeBatch(big, &batch); e.failure()) return e;
   if (auto e = TilePrefetch(&prefetch); e.failure()) return e;
+  auto* kernel = prefetch ? ahead : plain;
   auto* merge = batch == split::kMergeBatchShort
                     ? split::MergeKernel<Q, kH, split::kMergeBatchShort>
                     : split::MergeKernel<Q, kH, split::kMergeBatchLong>;
   for (int64_t r = 0; r < plan.rounds; ++r) {
     const split::Round rd{r * plan.slots, plan.slots, covered};
     kernel<<<grid, block::kThreads, kSmem, stream>>>(q, k_pool, v_pool, dm, tb, scale, window,
-                                                     rd, plan.part, plan.table, prefetch);
+                                                     rd, plan.part, plan.table);
     merge<<<warps, split::kMergeWarps * kWarpSize, 0, stream>>>(
         dm, qt, rd, r == 0, r + 1 == plan.rounds, plan.part, plan.table, plan.state, out);
   }
