@@ -124,10 +124,39 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def predict(args, sample, variants, precisions, out: Path) -> RunResult:
+    """Each variant's probabilities of the sample: the predictions already in --out with
+    --report-only, else from one engine per precision."""
+    if args.report_only:  # no engine
+        probs = {v.name: load_done(predictions_path(out, v)) for v in variants}
+        return RunResult(probs, {}, {}, 0)
     from prism_jax.engine import Engine  # after argument errors, which need no JAX
 
+    t = time.perf_counter()
+    # Compile each step bucket on first use: a run touches a few of them, and four engines
+    # warming every bucket took minutes per process on the H200 before the first item.
+    engines = {p: Engine.from_pretrained(args.model, precision=p, warmup=False) for p in precisions}
+    print(f"loaded {len(engines)} engines in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    runner = Runner(engines, variants, args.budget)
+    max_seconds = args.max_minutes * 60 if args.max_minutes else None
+    return runner.run(sample, out, progress=not args.no_progress, max_seconds=max_seconds)
+
+
+def write_plots(out: Path, summary: dict, title: str) -> None:
+    """The reliability diagram and confidence against accuracy per set."""
+    plots.reliability_diagram(
+        out / "reliability.png",
+        {v: summary["overall"][v]["bins"] for v in summary["variants"]},
+        title,
+    )
+    per_set = {
+        v: {s: summary["per_set"][s][v] for s in summary["per_set"]} for v in summary["variants"]
+    }
+    plots.confidence_vs_accuracy(out / "confidence_vs_accuracy.png", per_set, title)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     data_dir = Path(args.data_dir) if args.data_dir else None
@@ -141,20 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         f"variants {', '.join(v.name for v in variants)}",
         file=sys.stderr,
     )
-    if args.report_only:  # the predictions already in --out, no engine
-        probs = {v.name: load_done(predictions_path(out, v)) for v in variants}
-        result = RunResult(probs, {}, {}, 0)
-    else:
-        t = time.perf_counter()
-        # Compile each step bucket on first use: a run touches a few of them, and four engines
-        # warming every bucket took minutes per process on the H200 before the first item.
-        engines = {
-            p: Engine.from_pretrained(args.model, precision=p, warmup=False) for p in precisions
-        }
-        print(f"loaded {len(engines)} engines in {time.perf_counter() - t:.1f} s", file=sys.stderr)
-        runner = Runner(engines, variants, args.budget)
-        max_seconds = args.max_minutes * 60 if args.max_minutes else None
-        result = runner.run(sample, out, progress=not args.no_progress, max_seconds=max_seconds)
+    result = predict(args, sample, variants, precisions, out)
     decided = paired(sample, result)
     info = {
         "model": args.model,
@@ -176,17 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = report.summarize(decided, variants, result, info)
     report.write(out, summary)
     if decided:
-        title = f"{args.model}: {len(decided)} decisions"
-        plots.reliability_diagram(
-            out / "reliability.png",
-            {v: summary["overall"][v]["bins"] for v in summary["variants"]},
-            title,
-        )
-        per_set = {
-            v: {s: summary["per_set"][s][v] for s in summary["per_set"]}
-            for v in summary["variants"]
-        }
-        plots.confidence_vs_accuracy(out / "confidence_vs_accuracy.png", per_set, title)
+        write_plots(out, summary, f"{args.model}: {len(decided)} decisions")
     print(report.markdown(summary))
     return 0
 

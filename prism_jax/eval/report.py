@@ -184,40 +184,46 @@ def _calibration(summary: dict[str, Any]) -> list[str]:
     ]
 
 
+_AGREEMENT_HEAD = [
+    "pair",
+    "flips",
+    "flip rate % [95 %]",
+    "mean abs dp",
+    "max abs dp",
+    "accuracy delta (points)",
+    "fixed / broke",
+    "McNemar p",
+]
+
+
+def _agreement_row(key: str, a: dict[str, Any]) -> list[str]:
+    """One pair's overall agreement, in _AGREEMENT_HEAD's columns."""
+    return [
+        key,
+        f"{a['flips']}/{a['n']}",
+        f"{_pct(a['flip_rate'])} [{_pct(a['flip_lo'])}, {_pct(a['flip_hi'])}]",
+        f"{a['mean_dp']:.5f}",
+        f"{a['max_dp']:.5f}",
+        f"{100 * a['accuracy_delta']:+.3f}",
+        f"{a['fixed']} / {a['broke']}",
+        f"{a['mcnemar_p']:.2g}",
+    ]
+
+
 def _agreement(summary: dict[str, Any]) -> list[str]:
     pairs = summary["pairs"]
-    rows = []
-    for key, pair in pairs.items():
-        a = pair["overall"]
-        rows.append(
-            [
-                key,
-                f"{a['flips']}/{a['n']}",
-                f"{_pct(a['flip_rate'])} [{_pct(a['flip_lo'])}, {_pct(a['flip_hi'])}]",
-                f"{a['mean_dp']:.5f}",
-                f"{a['max_dp']:.5f}",
-                f"{100 * a['accuracy_delta']:+.3f}",
-                f"{a['fixed']} / {a['broke']}",
-                f"{a['mcnemar_p']:.2g}",
-            ]
-        )
-    head = [
-        "pair",
-        "flips",
-        "flip rate % [95 %]",
-        "mean abs dp",
-        "max abs dp",
-        "accuracy delta (points)",
-        "fixed / broke",
-        "McNemar p",
-    ]
+    rows = [_agreement_row(key, pair["overall"]) for key, pair in pairs.items()]
     lines = [
         "## Agreement between variants (same items)",
         "",
-        *_table(head, ["---", "---:", "---"] + ["---:"] * 5, rows),
+        *_table(_AGREEMENT_HEAD, ["---", "---:", "---"] + ["---:"] * 5, rows),
     ]
-    if not pairs:
-        return lines
+    return lines + _agreement_breakdowns(summary) if pairs else lines
+
+
+def _agreement_breakdowns(summary: dict[str, Any]) -> list[str]:
+    """The pairs' flips per set and by the reference's margin."""
+    pairs = summary["pairs"]
     per_set = [
         [s, *(f"{p['per_set'][s]['flips']}/{p['per_set'][s]['n']}" for p in pairs.values())]
         for s in summary["per_set"]
@@ -228,7 +234,6 @@ def _agreement(summary: dict[str, Any]) -> list[str]:
         for key, pair in pairs.items()
     ]
     return [
-        *lines,
         "",
         "Flip rate per set:",
         "",

@@ -205,6 +205,16 @@ def add_rmsnorm_quant(
     return (*_split_digits(q, s, lead, digits), h.reshape(x.shape))
 
 
+def _check_stacked(op: str, y2, y_w2) -> None:
+    """y2 must be the float32 [2M, D] stack (x1 W1 over x2 W1) of y_w2's float32 [M, D]."""
+    stacked = (2 * y_w2.shape[0], *y_w2.shape[1:])
+    if y_w2.dtype != jnp.float32 or y2.dtype != jnp.float32 or y2.shape != stacked:
+        raise ValueError(
+            f"{op}: y2 must be float32 [2M, D] = {list(stacked)} for y_w2 float32 "
+            f"{_checks.describe(y_w2)} (rows x1 W1, then x2 W1), got {_checks.describe(y2)}"
+        )
+
+
 def add_rmsnorm_quant_sum(
     y2,
     y_w2,
@@ -231,13 +241,8 @@ def add_rmsnorm_quant_sum(
     op = "add_rmsnorm_quant_sum"
     _check(op, y_w2, gamma, residual, x_gamma)
     _check_digits(op, y_w2, digits)
+    _check_stacked(op, y2, y_w2)
     m = y_w2.shape[0]
-    stacked = (2 * m, *y_w2.shape[1:])
-    if y_w2.dtype != jnp.float32 or y2.dtype != jnp.float32 or y2.shape != stacked:
-        raise ValueError(
-            f"{op}: y2 must be float32 [2M, D] = {list(stacked)} for y_w2 float32 "
-            f"{_checks.describe(y_w2)} (rows x1 W1, then x2 W1), got {_checks.describe(y2)}"
-        )
     if resolve_impl(impl) == "reference":
         x = y2[:m] + (y2[m:] + y_w2)  # Linear's order
         return add_rmsnorm_quant(

@@ -295,7 +295,14 @@ def tree_attention(
             f"{OP}: q must have head dim H <= {MAX_HEAD_DIM} for the kernels, got "
             f"{_checks.describe(q)}; use impl='reference'"
         )
+    return _ffi_tree_attention(args, scale, window)
+
+
+def _ffi_tree_attention(args: tuple, scale: float, window: int):
+    """The custom call on checked arguments (tree_attention's order): (out, k_pages, v_pages);
+    its split workspace, a fourth result, is dropped."""
     require_target("prism_tree_attention")
+    q, k_new, _, k_pages, v_pages = args[:5]
     if k_new is None:  # zero new rows: the handlers skip their write
         none = jnp.zeros((0, *k_pages.shape[2:]), k_pages.dtype)
         args = (q, none, none, *args[3:])
