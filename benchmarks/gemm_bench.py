@@ -208,80 +208,86 @@ class Pool:
         return self.items[:count]
 
 
+def int8_random(key, shape):
+    return jax.random.randint(key, shape, -127, 128, jnp.int32).astype(jnp.int8)
+
+
+def scales_random(key, n):
+    return jax.random.uniform(key, (n,), jnp.float32, 1e-3, 1e-2)
+
+
+def make_record(emit, base, reps, runs, device):
+    """record(impl, fn, fn_args): times fn (reps calls a run) and emits its row on `base`."""
+    m, n, k = base["M"], base["N"], base["K"]
+
+    def record(impl, fn, fn_args):
+        s = stats(time_jax(fn, fn_args, reps, runs))
+        t = s["median_us"] * 1e-6
+        row = {**base, "impl": impl, **s, "tops": 2 * m * n * k / t / 1e12}
+        row["weight_tbps"] = n * k / t / 1e12
+        td = device_time(fn, fn_args, reps) if device else None
+        if td is not None:
+            row |= {
+                "device_us": td * 1e6,
+                "device_tops": 2 * m * n * k / td / 1e12,
+                "device_weight_tbps": n * k / td / 1e12,
+            }
+        emit(row)
+
+    return record
+
+
+def bench_prism(record, args, reps, forced):
+    """The dispatch's own choice, then each forced kernel variant, on the same inputs."""
+
+    def gemm(x, sx, w, sw):
+        return ops.int8_gemm(x, sx, w, sw, out_dtype=jnp.float32)
+
+    for var in FORCING:
+        os.environ.pop(var, None)
+    record("prism", repeated(gemm, reps, "auto"), args)
+    for v in forced:
+        os.environ.update(forced_env(v))
+        try:
+            record("prism:" + v, repeated(gemm, reps, v), args)
+        finally:
+            for var in FORCING:
+                os.environ.pop(var, None)
+
+
+def bench_xla(record, base, xs, w8, w16, reps):
+    """XLA's int8 dot (naming the kernel it compiled to) and its bf16 dot."""
+
+    def dot_i8(x, w):
+        return jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)
+
+    def dot_bf16(x, w):
+        return jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())))
+
+    i8 = repeated(dot_i8, reps, "i8")
+    base["xla_kernel"] = xla_kernel(i8, (xs, w8))
+    record("xla_int8", i8, (xs, w8))
+    del base["xla_kernel"]
+    xs_bf16 = [x.astype(jnp.bfloat16) for x in xs]
+    record("xla_bf16", repeated(dot_bf16, reps, "bf16"), (xs_bf16, w16))
+
+
 def bench_shape(name, n, k, ms, runs, sweep, emit, key, kernels=None, device=False):
-    w_bytes = n * k
     wkey, xkey = jax.random.split(key)
-
-    def int8(kk, shape):
-        return jax.random.randint(kk, shape, -127, 128, jnp.int32).astype(jnp.int8)
-
-    ws = Pool(lambda i: int8(jax.random.fold_in(wkey, i), (n, k)))
-    s_w = Pool(
-        lambda i: jax.random.uniform(
-            jax.random.fold_in(wkey, 1_000_000 + i), (n,), jnp.float32, 1e-3, 1e-2
-        )
-    )
+    ws = Pool(lambda i: int8_random(jax.random.fold_in(wkey, i), (n, k)))
+    s_w = Pool(lambda i: scales_random(jax.random.fold_in(wkey, 1_000_000 + i), n))
     ws_bf16 = Pool(lambda i: ws.take(i + 1)[i].astype(jnp.bfloat16))
     for m in ms:
         reps = reps_for(estimate(m, n, k))
         mk = jax.random.fold_in(xkey, m)
-        xs = [int8(jax.random.fold_in(mk, i), (m, k)) for i in range(reps)]
-        s_x = [
-            jax.random.uniform(jax.random.fold_in(mk, 1_000_000 + i), (m,), jnp.float32, 1e-3, 1e-2)
-            for i in range(reps)
-        ]
+        xs = [int8_random(jax.random.fold_in(mk, i), (m, k)) for i in range(reps)]
+        s_x = [scales_random(jax.random.fold_in(mk, 1_000_000 + i), m) for i in range(reps)]
         base = {"shape": name, "M": m, "N": n, "K": k, "reps": reps}
-
-        def record(impl, fn, fn_args, base=base, reps=reps):
-            s = stats(time_jax(fn, fn_args, reps, runs))
-            t = s["median_us"] * 1e-6
-            row = {
-                **base,
-                "impl": impl,
-                **s,
-                "tops": 2 * base["M"] * n * k / t / 1e12,
-                "weight_tbps": w_bytes / t / 1e12,
-            }
-            td = device_time(fn, fn_args, reps) if device else None
-            if td is not None:
-                row |= {
-                    "device_us": td * 1e6,
-                    "device_tops": 2 * base["M"] * n * k / td / 1e12,
-                    "device_weight_tbps": w_bytes / td / 1e12,
-                }
-            emit(row)
-
-        def gemm(x, sx, w, sw):
-            return ops.int8_gemm(x, sx, w, sw, out_dtype=jnp.float32)
-
-        args = (xs, s_x, ws.take(reps), s_w.take(reps))
-        for var in FORCING:
-            os.environ.pop(var, None)
-        record("prism", repeated(gemm, reps, "auto"), args)
-        for v in (kernels or variants_for(m)) if m in sweep else []:
-            os.environ.update(forced_env(v))
-            try:
-                record("prism:" + v, repeated(gemm, reps, v), args)
-            finally:
-                for var in FORCING:
-                    os.environ.pop(var, None)
-
-        def dot_i8(x, w):
-            return jax.lax.dot_general(
-                x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32
-            )
-
-        i8 = repeated(dot_i8, reps, "i8")
-        base["xla_kernel"] = xla_kernel(i8, (xs, ws.take(reps)))
-        record("xla_int8", i8, (xs, ws.take(reps)))
-        del base["xla_kernel"]
-
-        def dot_bf16(x, w):
-            return jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())))
-
-        xs_bf16 = [x.astype(jnp.bfloat16) for x in xs]
-        record("xla_bf16", repeated(dot_bf16, reps, "bf16"), (xs_bf16, ws_bf16.take(reps)))
-        del xs, xs_bf16, args
+        record = make_record(emit, base, reps, runs, device)
+        forced = (kernels or variants_for(m)) if m in sweep else []
+        bench_prism(record, (xs, s_x, ws.take(reps), s_w.take(reps)), reps, forced)
+        bench_xla(record, base, xs, ws.take(reps), ws_bf16.take(reps), reps)
+        del xs
 
 
 def bench_torch(shapes, ms, runs, emit):
