@@ -132,6 +132,57 @@ def run_hf(model_dir: str, dtype: str, scenarios: dict, runs: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def answer_probs(response: dict) -> list[list[float]]:
+    """Each answer's probabilities in option order (noul: yes, then no)."""
+    return [
+        [a["noul"], 1.0 - a["noul"]] if a["type"] == "noul" else list(a["probabilities"].values())
+        for a in response["answers"].values()
+    ]
+
+
+def scenario_row(name, qids, precision, ours, base, args, machine) -> dict:
+    """One scenario's JSON row: our times, the HF baseline's, and the largest probability gap."""
+    row = {
+        "scenario": name,
+        "questions": len(qids),
+        "model": args.model,
+        "precision": precision,
+        "input_tokens": ours["input_tokens"],
+        "median_s": ours["median_s"],
+        "min_s": ours["min_s"],
+        "max_s": ours["max_s"],
+        "runs": args.runs,
+        "baseline": "HF transformers fp32, one pass per question",
+        "baseline_median_s": base["median_s"],
+        "baseline_min_s": base["min_s"],
+        "baseline_max_s": base["max_s"],
+        "speedup": base["median_s"] / ours["median_s"],
+        "machine": machine,
+    }
+    pairs = zip(answer_probs(ours["response"]), base["probabilities"], strict=True)
+    row["max_abs_dp_vs_baseline"] = float(
+        max(np.max(np.abs(np.array(a) - np.array(b))) for a, b in pairs)
+    )
+    return row
+
+
+def write_table(out: pathlib.Path, lines: list[dict]) -> None:
+    (out / "cpu_decide.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    table = [
+        "| scenario | prism_jax | median (min–max) | baseline | median | speedup |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in lines:
+        spread = f"{r['min_s'] * 1e3:.0f}–{r['max_s'] * 1e3:.0f}"
+        table.append(
+            f"| {r['scenario']} ({r['input_tokens']} tok) | {r['precision']} | "
+            f"{r['median_s'] * 1e3:.0f} ms ({spread}) | {r['baseline']} | "
+            f"{r['baseline_median_s'] * 1e3:.0f} ms | {r['speedup']:.2f}× |"
+        )
+    (out / "cpu_decide.md").write_text("\n".join(table) + "\n")
+    print("\n".join(table))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="default")
@@ -153,52 +204,10 @@ def main() -> None:
             hf = run_hf(model_dir, "fp32", hf_requests(engine), args.runs)
         for name, qids in SCENARIOS.items():
             ours = time_engine(engine, qids, args.runs)
-            ours_probs = [
-                [a["noul"], 1.0 - a["noul"]]
-                if a["type"] == "noul"
-                else list(a["probabilities"].values())
-                for a in ours["response"]["answers"].values()
-            ]
-            base = hf[f"{name}/serial"]
-            row = {
-                "scenario": name,
-                "questions": len(qids),
-                "model": args.model,
-                "precision": precision,
-                "input_tokens": ours["input_tokens"],
-                "median_s": ours["median_s"],
-                "min_s": ours["min_s"],
-                "max_s": ours["max_s"],
-                "runs": args.runs,
-                "baseline": "HF transformers fp32, one pass per question",
-                "baseline_median_s": base["median_s"],
-                "baseline_min_s": base["min_s"],
-                "baseline_max_s": base["max_s"],
-                "speedup": base["median_s"] / ours["median_s"],
-                "machine": machine,
-            }
-            row["max_abs_dp_vs_baseline"] = float(
-                max(
-                    np.max(np.abs(np.array(a) - np.array(b)))
-                    for a, b in zip(ours_probs, base["probabilities"], strict=True)
-                )
-            )
+            row = scenario_row(name, qids, precision, ours, hf[f"{name}/serial"], args, machine)
             print(json.dumps(row), flush=True)
             lines.append(row)
-    (out / "cpu_decide.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    table = [
-        "| scenario | prism_jax | median (min–max) | baseline | median | speedup |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in lines:
-        spread = f"{r['min_s'] * 1e3:.0f}–{r['max_s'] * 1e3:.0f}"
-        table.append(
-            f"| {r['scenario']} ({r['input_tokens']} tok) | {r['precision']} | "
-            f"{r['median_s'] * 1e3:.0f} ms ({spread}) | {r['baseline']} | "
-            f"{r['baseline_median_s'] * 1e3:.0f} ms | {r['speedup']:.2f}× |"
-        )
-    (out / "cpu_decide.md").write_text("\n".join(table) + "\n")
-    print("\n".join(table))
+    write_table(out, lines)
 
 
 if __name__ == "__main__":

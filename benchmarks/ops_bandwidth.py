@@ -187,7 +187,7 @@ def render(path: pathlib.Path) -> str:
     return "\n".join(out) + "\n"
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="benchmarks/results/ops")
     p.add_argument("--runs", type=int, default=10)
@@ -201,26 +201,11 @@ def main() -> int:
     p.add_argument("--render", help="print the table of an ops_bandwidth.jsonl and exit")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (script check)")
     p.add_argument("--device-time", action="store_true", help="also kernel times from a trace")
-    args = p.parse_args()
-    DEVICE["time"] = args.device_time
-    if args.smoke:
-        global D, F, V, COPY_BYTES
-        D, F, V, COPY_BYTES = 512, 1024, 4096, 1 << 20
-    if args.render:
-        sys.stdout.write(render(pathlib.Path(args.render)))
-        return 0
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "ops_bandwidth.jsonl"
-    sink = open(path, "w")  # noqa: SIM115
-    gpu = jax.devices("cpu" if args.smoke else "gpu")[0]
+    return p.parse_args()
 
-    def emit(row):
-        row = {**row, "device": gpu.device_kind}
-        print(json.dumps(row), flush=True)
-        sink.write(json.dumps(row) + "\n")
-        sink.flush()
 
+def run_ops(args: argparse.Namespace, gpu, emit) -> None:
+    """The copy ceiling, then the norms and gated activations per dtype and M, then the head."""
     key = jax.random.key(1)
 
     def normal(i, shape, dtype):
@@ -242,7 +227,30 @@ def main() -> int:
                 glu_ops(m, DTYPES[name], emit, args.runs, normal, caches if forced else [])
         head_kernels = [k for k in args.head_kernels.split(",") if k]
         head_ops([int(r) for r in args.rows.split(",")], emit, args.runs, normal, key, head_kernels)
-    sink.close()
+
+
+def main() -> int:
+    args = parse_args()
+    DEVICE["time"] = args.device_time
+    if args.smoke:
+        global D, F, V, COPY_BYTES
+        D, F, V, COPY_BYTES = 512, 1024, 4096, 1 << 20
+    if args.render:
+        sys.stdout.write(render(pathlib.Path(args.render)))
+        return 0
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "ops_bandwidth.jsonl"
+    gpu = jax.devices("cpu" if args.smoke else "gpu")[0]
+    with open(path, "w") as sink:
+
+        def emit(row):
+            row = {**row, "device": gpu.device_kind}
+            print(json.dumps(row), flush=True)
+            sink.write(json.dumps(row) + "\n")
+            sink.flush()
+
+        run_ops(args, gpu, emit)
     (out / "ops_bandwidth.md").write_text(render(path))
     sys.stdout.write(render(path))
     return 0
