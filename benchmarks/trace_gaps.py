@@ -23,6 +23,7 @@ import argparse
 import collections
 import json
 import pathlib
+from dataclasses import dataclass, field
 
 from jax.profiler import ProfileData
 from trace_breakdown import group_of
@@ -73,50 +74,64 @@ def _hist_bin(gap_us: float) -> str:
     return f">={HIST_US[-1]}us"
 
 
-def gap_rows(events: list[tuple[float, float, str]], runs: int, split_ns: float) -> list[dict]:
-    """Busy, span and idle time per run, the gap histogram and the gap pairs by total time."""
-    if not events:
-        return [{"kind": "gaps", "source": "none", "note": "no GPU kernels in the trace"}]
-    busy = span = 0.0
+@dataclass
+class GapScan:
+    """What walking the kernels in start order finds: busy and step-span time (ns), the gaps
+    inside steps by (op before, op after) and by size bin, and each such gap's place."""
+
+    busy: float = 0.0
+    span: float = 0.0
+    pairs: dict = field(default_factory=lambda: collections.defaultdict(list))
+    hist: dict = field(default_factory=lambda: collections.defaultdict(list))
+    inner: list = field(default_factory=list)  # (gap, step, offset, before, after)
+
+
+def scan_gaps(events: list[tuple[float, float, str]], split_ns: float) -> GapScan:
+    """Merges overlapping kernels into busy intervals; a gap of split_ns or more starts a step."""
+    g = GapScan()
     cur_start, cur_end, cur_name = events[0]
-    step_start = cur_start
-    pairs: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
-    hist: dict[str, list[float]] = collections.defaultdict(list)
-    inner: list[tuple[float, int, float, str, str]] = []  # (gap, step, offset, before, after)
-    step = 0
+    step_start, step = cur_start, 0
     for start, end, name in events[1:]:
         if start <= cur_end:  # overlaps the busy interval (another stream): extend it
             if end > cur_end:
                 cur_end, cur_name = end, name
             continue
-        busy += cur_end - cur_start
+        g.busy += cur_end - cur_start
         gap = start - cur_end
         if gap >= split_ns:  # a new step begins
-            span += cur_end - step_start
+            g.span += cur_end - step_start
             step_start, step = start, step + 1
         else:
-            pairs[(group_of(cur_name), group_of(name))].append(gap)
-            hist[_hist_bin(gap / 1e3)].append(gap)
-            inner.append((gap, step, cur_end - step_start, cur_name, name))
+            g.pairs[(group_of(cur_name), group_of(name))].append(gap)
+            g.hist[_hist_bin(gap / 1e3)].append(gap)
+            g.inner.append((gap, step, cur_end - step_start, cur_name, name))
         cur_start, cur_end, cur_name = start, end, name
-    busy += cur_end - cur_start
-    span += cur_end - step_start
+    g.busy += cur_end - cur_start
+    g.span += cur_end - step_start
+    return g
+
+
+def gap_rows(events: list[tuple[float, float, str]], runs: int, split_ns: float) -> list[dict]:
+    """Busy, span and idle time per run, the gap histogram and the gap pairs by total time."""
+    if not events:
+        return [{"kind": "gaps", "source": "none", "note": "no GPU kernels in the trace"}]
+    g = scan_gaps(events, split_ns)
     per_run = 1e-6 / runs
     rows = [
         {
             "kind": "gaps",
             "source": "gpu",
-            "span_ms": span * per_run,
-            "busy_ms": busy * per_run,
-            "idle_ms": (span - busy) * per_run,
+            "span_ms": g.span * per_run,
+            "busy_ms": g.busy * per_run,
+            "idle_ms": (g.span - g.busy) * per_run,
             "kernels_per_run": len(events) / runs,
             "hist": {
                 b: {"count_per_run": len(v) / runs, "ms_per_run": sum(v) * per_run}
-                for b, v in sorted(hist.items(), key=lambda kv: -sum(kv[1]))
+                for b, v in sorted(g.hist.items(), key=lambda kv: -sum(kv[1]))
             },
         }
     ]
-    for (before, after), v in sorted(pairs.items(), key=lambda kv: -sum(kv[1]))[:15]:
+    for (before, after), v in sorted(g.pairs.items(), key=lambda kv: -sum(kv[1]))[:15]:
         rows.append(
             {
                 "kind": "gap_pair",
@@ -127,7 +142,7 @@ def gap_rows(events: list[tuple[float, float, str]], runs: int, split_ns: float)
                 "mean_us": sum(v) / len(v) / 1e3,
             }
         )
-    return rows + top_gap_rows(inner)
+    return rows + top_gap_rows(g.inner)
 
 
 def top_gap_rows(inner: list[tuple[float, int, float, str, str]]) -> list[dict]:
