@@ -14,50 +14,55 @@ def _write_jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+# A choice (the only one with a task), a noul, a score, and two unusable labels (none; not an
+# option).
+SHARED_ROWS = [
+    {
+        "id": "t/1",
+        "source": "s",
+        "state": "charged twice",
+        "question": {
+            "type": "choice",
+            "instructions": "Team?",
+            "criteria": {"billing": None, "tech": "bugs"},
+        },
+        "gold": "billing",
+        "meta": {"task": "route"},
+    },
+    {
+        "id": "t/2",
+        "source": "s",
+        "state": {"x": 1},
+        "question": {"type": "noul", "instructions": "Is x one?"},
+        "gold": False,
+        "meta": {},
+    },
+    {
+        "id": "t/3",
+        "source": "s",
+        "state": "s",
+        "question": {"type": "score", "criteria": ["lo", "hi"]},
+        "gold": 1,
+    },
+    {
+        "id": "t/4",
+        "source": "s",
+        "state": "s",
+        "question": {"type": "choice", "criteria": {"a": None}},
+        "gold": None,
+    },
+    {
+        "id": "t/5",
+        "source": "s",
+        "state": "s",
+        "question": {"type": "choice", "criteria": {"a": None}},
+        "gold": "zzz",
+    },
+]
+
+
 def test_shared_file_loader(tmp_path):
-    rows = [
-        {
-            "id": "t/1",
-            "source": "s",
-            "state": "charged twice",
-            "question": {
-                "type": "choice",
-                "instructions": "Team?",
-                "criteria": {"billing": None, "tech": "bugs"},
-            },
-            "gold": "billing",
-            "meta": {"task": "route"},
-        },
-        {
-            "id": "t/2",
-            "source": "s",
-            "state": {"x": 1},
-            "question": {"type": "noul", "instructions": "Is x one?"},
-            "gold": False,
-            "meta": {},
-        },
-        {
-            "id": "t/3",
-            "source": "s",
-            "state": "s",
-            "question": {"type": "score", "criteria": ["lo", "hi"]},
-            "gold": 1,
-        },
-        {
-            "id": "t/4",
-            "source": "s",
-            "state": "s",
-            "question": {"type": "choice", "criteria": {"a": None}},
-            "gold": None,
-        },
-        {
-            "id": "t/5",
-            "source": "s",
-            "state": "s",
-            "question": {"type": "choice", "criteria": {"a": None}},
-            "gold": "zzz",
-        },
-    ]
+    rows = SHARED_ROWS
     _write_jsonl(tmp_path / "mini.jsonl", rows)
     items, skipped = shared_data.load_file(tmp_path / "mini.jsonl")
     assert [(it.id, it.gold) for it in items] == [("t/1", 0), ("t/2", 1), ("t/3", 1)]
@@ -94,75 +99,67 @@ def _save(folder, rows):
             writer.write_table(table)
 
 
+_ARC = {
+    "id": "x",
+    "question": "Which is a mammal?",
+    "answerKey": "2",
+    "choices": {"text": ["trout", "whale", "frog"], "label": ["1", "2", "3"]},
+}
+# One small file per OLMo set, in each set's own format (hellaswag's second row has no label).
+OLMO_FIXTURES = {
+    "arc_challenge": [_ARC],
+    "arc_easy": [_ARC],
+    "boolq": [{"question": "is the sky blue", "answer": True, "passage": "The sky is blue."}],
+    "hellaswag": [
+        {
+            "ind": 1,
+            "activity_label": "Cooking",
+            "ctx_a": "A man",
+            "ctx_b": "he",
+            "ctx": "A man cuts onions. [title] he",
+            "endings": ["cries.", "flies  away.", "x", "y"],
+            "source_id": "s",
+            "split": "val",
+            "split_type": "indomain",
+            "label": "1",
+        },
+        {
+            "ind": 2,
+            "activity_label": "a",
+            "ctx_a": "",
+            "ctx_b": "",
+            "ctx": "c",
+            "endings": ["1", "2", "3", "4"],
+            "source_id": "s",
+            "split": "val",
+            "split_type": "zeroshot",
+            "label": "",
+        },
+    ],
+    "piqa": [{"goal": "Open a jar", "sol1": "twist the lid", "sol2": "eat the lid", "label": 0}],
+    "winogrande": [
+        {
+            "sentence": "Ann beat Bo because _ was faster.",
+            "option1": "Ann",
+            "option2": "Bo",
+            "answer": "1",
+        }
+    ],
+    "commonsense_qa": [
+        {
+            "id": "c",
+            "question": "Where do fish live?",
+            "question_concept": "fish",
+            "choices": {"label": ["A", "B"], "text": ["water", "sky"]},
+            "answerKey": "A",
+        }
+    ],
+}
+
+
 def test_olmo_loaders_on_fixtures(tmp_path, monkeypatch):
-    arc = {
-        "id": "x",
-        "question": "Which is a mammal?",
-        "answerKey": "2",
-        "choices": {"text": ["trout", "whale", "frog"], "label": ["1", "2", "3"]},
-    }
-    _save(tmp_path / olmo_sets.FOLDERS["arc_challenge"], [arc])
-    _save(tmp_path / olmo_sets.FOLDERS["arc_easy"], [arc])
-    _save(
-        tmp_path / olmo_sets.FOLDERS["boolq"],
-        [{"question": "is the sky blue", "answer": True, "passage": "The sky is blue."}],
-    )
-    _save(
-        tmp_path / olmo_sets.FOLDERS["hellaswag"],
-        [
-            {
-                "ind": 1,
-                "activity_label": "Cooking",
-                "ctx_a": "A man",
-                "ctx_b": "he",
-                "ctx": "A man cuts onions. [title] he",
-                "endings": ["cries.", "flies  away.", "x", "y"],
-                "source_id": "s",
-                "split": "val",
-                "split_type": "indomain",
-                "label": "1",
-            },
-            {
-                "ind": 2,
-                "activity_label": "a",
-                "ctx_a": "",
-                "ctx_b": "",
-                "ctx": "c",
-                "endings": ["1", "2", "3", "4"],
-                "source_id": "s",
-                "split": "val",
-                "split_type": "zeroshot",
-                "label": "",
-            },
-        ],
-    )
-    _save(
-        tmp_path / olmo_sets.FOLDERS["piqa"],
-        [{"goal": "Open a jar", "sol1": "twist the lid", "sol2": "eat the lid", "label": 0}],
-    )
-    _save(
-        tmp_path / olmo_sets.FOLDERS["winogrande"],
-        [
-            {
-                "sentence": "Ann beat Bo because _ was faster.",
-                "option1": "Ann",
-                "option2": "Bo",
-                "answer": "1",
-            }
-        ],
-    )
-    _save(
-        tmp_path / olmo_sets.FOLDERS["commonsense_qa"],
-        [
-            {
-                "id": "c",
-                "question": "Where do fish live?",
-                "question_concept": "fish",
-                "choices": {"label": ["A", "B"], "text": ["water", "sky"]},
-                "answerKey": "A",
-            }
-        ],
-    )
+    for name, rows in OLMO_FIXTURES.items():
+        _save(tmp_path / olmo_sets.FOLDERS[name], rows)
     monkeypatch.setenv("PRISM_OLMO_DATASETS", str(tmp_path))
     items, skipped = load_items("olmo", None)
     by = {it.set: it for it in items}
