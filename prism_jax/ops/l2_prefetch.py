@@ -2,9 +2,9 @@
 
 A step of the 27B on a 4K-key follow-up spends ~60 us a layer in attention, which reads little
 from DRAM, and then streams the o projection's weights (22 MB, one digit) at a small M, where
-the GEMM is bound by DRAM. `prefetched(q, w)` hands q on unchanged, but only after a custom
-call that asks the L2 for w (CUDA: bulk prefetches, which return at once and fill while the
-attention runs; CPU: nothing), so the o projection can find w in the L2. It changes when data
+the GEMM is bound by DRAM. `prefetched(q, w)` hands q on unchanged through a custom call that
+asks the L2 for w (CUDA: bulk prefetches, which return at once and fill while the attention
+runs; CPU: nothing), so the o projection can find w in the L2. It changes when data
 arrive, never a value. PRISM_ATTN_WEIGHT_PREFETCH=on has the int8 model do this for the o
 projection (opt-in until an H200 has timed it; `prefetch_o_weights`).
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from prism_jax.ops._registry import require_target
@@ -33,22 +32,23 @@ def prefetch_o_weights() -> bool:
 
 
 def l2_prefetch(x, after, *, max_bytes: int = 0, impl: Impl | None = None) -> jax.Array:
-    """The custom call: asks the L2 for x's first max_bytes bytes (0: all), once `after`
-    exists; returns a token int32 [1] (zero) for the caller to order its consumer by."""
+    """The custom call: asks the L2 for x's first max_bytes bytes (0: all) once `after`
+    exists, and returns `after` unchanged (aliased: nothing is copied). Whatever consumes the
+    result runs after the request, a data dependency XLA keeps (an optimization barrier would
+    not survive its pipeline)."""
     if max_bytes < 0:
         raise ValueError(f"{OP}: max_bytes must be >= 0 (0: all of x), got {max_bytes}")
     if resolve_impl(impl) == "reference":
-        return jnp.zeros((1,), jnp.int32)
+        return after
     require_target("prism_l2_prefetch")
-    call = jax.ffi.ffi_call(
-        "prism_l2_prefetch", jax.ShapeDtypeStruct((1,), jnp.int32), has_side_effect=True
-    )
+    out = jax.ShapeDtypeStruct(after.shape, after.dtype)
+    call = jax.ffi.ffi_call("prism_l2_prefetch", out, input_output_aliases={1: 0})
     return call(x, after, max_bytes=np.int64(max_bytes))
 
 
 def prefetched(y, *arrays, max_bytes: int = 0, impl: Impl | None = None):
-    """y itself, ordered after an L2 prefetch of each array (issued once y exists): pass the
-    result to the kernel before which the prefetch should run."""
-    tokens = [l2_prefetch(a, y, max_bytes=max_bytes, impl=impl) for a in arrays]
-    out, _ = jax.lax.optimization_barrier((y, tokens))
-    return out
+    """y itself, handed on through an L2 prefetch of each array in turn: pass the result to
+    the kernel before which the prefetches should be issued."""
+    for a in arrays:
+        y = l2_prefetch(a, y, max_bytes=max_bytes, impl=impl)
+    return y

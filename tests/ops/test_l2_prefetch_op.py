@@ -1,5 +1,5 @@
-"""ops.l2_prefetch / ops.prefetched (the prism_l2_prefetch custom call): a token of zero, the
-value handed on bit for bit, max_bytes checked; and the int8 model with
+"""ops.l2_prefetch / ops.prefetched (the prism_l2_prefetch custom call): the value handed on bit
+for bit, max_bytes checked; and the int8 model with
 PRISM_ATTN_WEIGHT_PREFETCH=on issues one prefetch of the o weights per layer and computes the
 same bits as without it. CPU and GPU."""
 
@@ -19,10 +19,10 @@ def test_prefetched_hands_the_value_on(device, rng):
     y = rng.normal(0, 1, (37, 64)).astype(np.float32)
     w = rng.integers(-127, 128, (300, 1000), dtype=np.int8)
     w2 = rng.integers(-127, 128, (7,), dtype=np.int8)  # smaller than one 16-byte piece
-    out = run_on(device, lambda a, b, c: ops.prefetched(a, b, c), y, w, w2)
-    assert_bitwise_equal(out, y, "prefetched(y, w) vs y")
-    token = run_on(device, lambda a, b: ops.l2_prefetch(b, a, max_bytes=100), y, w)
-    np.testing.assert_array_equal(token, np.zeros(1, np.int32))
+    out = run_on(device, lambda a, b, c: ops.prefetched(a, b, c) * 2.0, y, w, w2)
+    assert_bitwise_equal(out, y * 2.0, "prefetched(y, w) * 2 vs y * 2")
+    passed = run_on(device, lambda a, b: ops.l2_prefetch(b, a, max_bytes=100), y, w)
+    assert_bitwise_equal(passed, y, "l2_prefetch(w, after=y) vs y")
 
 
 def test_bad_max_bytes_is_an_error():
