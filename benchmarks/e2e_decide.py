@@ -232,6 +232,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--chunk", type=int, default=2048, help="tokens per step of the 4K prefill")
     p.add_argument("--scenarios", default=",".join(TITLES), help="comma-separated subset")
+    add_mode_options(p)
+    add_engine_options(p)
+    p.add_argument("--compile-only", action="store_true", help="build and compile, then stop")
+    p.add_argument("--render", metavar="DIR", help="only re-render E2E.md / e2e.png from DIR")
+    return p.parse_args(argv)
+
+
+def add_mode_options(p: argparse.ArgumentParser) -> None:
+    """What the run measures: profile or trace, the int8 engine's numerics, the baseline."""
     p.add_argument("--profile", action="store_true", help="host / forward / readout split")
     p.add_argument(
         "--single-digit", action="store_true", help="INT8 rows and weights with one digit each"
@@ -258,10 +267,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="skip the bf16 baseline (engine probes: XLA flags, traces); rows are smoke rows",
     )
-    add_engine_options(p)
-    p.add_argument("--compile-only", action="store_true", help="build and compile, then stop")
-    p.add_argument("--render", metavar="DIR", help="only re-render E2E.md / e2e.png from DIR")
-    return p.parse_args(argv)
 
 
 def main(argv=None) -> None:
