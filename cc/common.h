@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -24,6 +25,18 @@ namespace ffi = xla::ffi;
   do {                                                     \
     if (::xla::ffi::Error e_ = (expr); e_.failure()) return e_; \
   } while (0)
+
+// An on/off environment knob, read by a handler at launch (the benchmarks' A/B settings): unset
+// or empty gives `fallback`, "on" and "off" set it, and anything else is an error naming the
+// knob, so a misspelt setting fails instead of timing the default.
+inline ffi::Error EnvSwitch(const char* name, bool fallback, const std::string& op, bool* on) {
+  const char* env = std::getenv(name);
+  const std::string v = env != nullptr ? env : "";
+  PRISM_REQUIRE(v.empty() || v == "on" || v == "off",
+                op + ": " + name + " must be unset, on or off; got " + v);
+  *on = v.empty() ? fallback : v == "on";
+  return ffi::Error::Success();
+}
 
 inline std::string DimsToString(ffi::AnyBuffer::Dimensions dims) {
   std::string s = "[";

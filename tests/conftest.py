@@ -77,3 +77,16 @@ def embed_row(row: np.ndarray, others: np.ndarray, index: int) -> np.ndarray:
     """A batch of len(others) + 1 rows with `row` at `index`."""
     assert 0 <= index <= len(others), f"index {index} outside a batch of {len(others) + 1}"
     return np.concatenate([others[:index], row[None], others[index:]], axis=0)
+
+
+def assert_same_bits_under(monkeypatch, knob: str, settings, device, fn, *args, what="") -> None:
+    """fn's outputs (jit on `device`) under each setting of the environment knob `knob`, which a
+    handler reads at launch, equal the first setting's bit for bit; the knob is unset after."""
+    outs = []
+    for value in settings:
+        monkeypatch.setenv(knob, value)
+        outs.append(jax.tree.leaves(run_on(device, fn, *args)))
+    monkeypatch.delenv(knob)
+    for value, got in zip(settings[1:], outs[1:], strict=True):
+        for i, (a, b) in enumerate(zip(got, outs[0], strict=True)):
+            assert_bitwise_equal(a, b, f"{what} output {i}: {knob}={value} vs {settings[0]}")

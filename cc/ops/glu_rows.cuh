@@ -29,7 +29,6 @@
 #include "cc/numerics.h"
 #include "cc/ops/cluster_launch.cuh"
 #include "cc/ops/glu_quant.h"
-#include "cc/ops/glu_rows_env.h"
 
 namespace prism {
 
@@ -217,7 +216,8 @@ __device__ __forceinline__ float ClusterRowMax(float m, int parts, float* slot) 
 // That is the expectation the A/B is to test (not measured yet). A hint: same bits.
 // Both options are template flags (kPrefetch, kCluster; parts is read only with kCluster), so
 // the default kernel's code is what it was before them: at 32 registers a thread, runtime
-// flags alone raised its spills (ptxas -v: glu_quant's 8 -> 32 bytes a thread).
+// flags alone raised its spills (glu_quant's stores 8 -> 32 bytes a thread,
+// benchmarks/results/ptxas_session35/).
 // A clustered row's block needs no company on its SM (the rows are fewer than the SMs), so
 // its bound leaves it 64 registers: at 32 the two-digit form spilled ~0.2 KB a thread.
 template <typename Src, bool kTwo, bool kPrefetch = false, bool kCluster = false>
@@ -308,8 +308,10 @@ inline int CachedRowThreads(int64_t m, int64_t f) {
   return static_cast<int>(std::min<int64_t>(wide, std::max<int64_t>(256, fill)));
 }
 
-// Blocks a row: the most of 8, 4, 2 whose blocks for all rows fit the SMs once and leave each
-// block at least a warp of whole chunks; 1 when clusters are off or the rows fill the SMs.
+// Blocks a row (PRISM_GLU_CLUSTER=on, GluRowsKernel's parts): the most of 8, 4, 2 whose blocks
+// for all rows fit the SMs once and leave each block at least a warp of whole chunks; 1 when
+// clusters are off or the rows fill the SMs. The 4K follow-up's 32-row steps run on 32 of the
+// H200's 132 SMs otherwise (PairRows 8.3 us a call, session 31's trace).
 inline int GluRowParts(int64_t m, int64_t f, bool allowed) {
   constexpr int kMaxParts = 8;  // the portable cluster size
   if (!allowed) return 1;
@@ -367,10 +369,13 @@ ffi::Error GluRowsLaunch(cudaStream_t stream, const Src& src, const GluOut& out,
                          const std::string& op) {
   if (src.m == 0) return ffi::Error::Success();
   PRISM_REQUIRE(src.m <= 0x7fffffff, op + ": too many rows for one grid");
+  // The A/B knobs: PRISM_GLU_CACHE=off recomputes every row (tests compare both paths); the
+  // opt-in PRISM_GLU_PREFETCH=on (GluRowsKernel's prefetch) and PRISM_GLU_CLUSTER=on
+  // (GluRowParts) compile for sm_90a but have not run on a GPU (session 35).
   bool allowed = true, prefetch = false, clusters = false;
-  if (auto e = GluCacheAllowed(op, &allowed); e.failure()) return e;
-  if (auto e = GluPrefetchAllowed(op, &prefetch); e.failure()) return e;
-  if (auto e = GluClusterAllowed(op, &clusters); e.failure()) return e;
+  PRISM_RETURN_IF_ERROR(EnvSwitch("PRISM_GLU_CACHE", true, op, &allowed));
+  PRISM_RETURN_IF_ERROR(EnvSwitch("PRISM_GLU_PREFETCH", false, op, &prefetch));
+  PRISM_RETURN_IF_ERROR(EnvSwitch("PRISM_GLU_CLUSTER", false, op, &clusters));
   const int parts = GluRowParts(src.m, src.f, clusters);
   const bool cached =
       allowed && src.f * static_cast<int64_t>(sizeof(float)) <= kGluMaxCachedBytes;

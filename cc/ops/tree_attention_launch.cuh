@@ -50,13 +50,7 @@ inline ffi::Error MergeBatch(bool big, int* batch) {
 // either way; opt-in until an H200 has timed it (it compiles for sm_90a but has not run on a
 // GPU, session 35).
 inline ffi::Error TilePrefetch(bool* on) {
-  const char* name = std::getenv("PRISM_TREE_ATTENTION_PREFETCH");
-  const std::string s = name == nullptr ? "" : name;
-  PRISM_REQUIRE(s.empty() || s == "on" || s == "off",
-                "prism_tree_attention: PRISM_TREE_ATTENTION_PREFETCH must be on or off (or "
-                "unset), not '" + s + "'");
-  *on = s == "on";
-  return ffi::Error::Success();
+  return EnvSwitch("PRISM_TREE_ATTENTION_PREFETCH", false, "prism_tree_attention", on);
 }
 
 // The split kernel's f32 workspace, a result of the call (tree_attention_split.cuh).

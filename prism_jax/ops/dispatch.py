@@ -7,6 +7,7 @@ The choice is made at trace time. Select it per call (`impl=`) or for a scope wi
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 from typing import Literal
@@ -15,6 +16,16 @@ Impl = Literal["ffi", "reference"]
 IMPLS: tuple[str, ...] = ("ffi", "reference")
 
 _state = threading.local()
+
+
+def env_switch(name: str, default: bool) -> bool:
+    """An on/off environment knob the model reads when a step is traced (the benchmarks' A/B
+    settings; executables compiled before a change keep what they were built with): unset or
+    empty gives `default`, "on" and "off" set it, anything else is an error naming the knob."""
+    value = os.environ.get(name) or ("on" if default else "off")
+    if value not in ("on", "off"):
+        raise ValueError(f"{name} must be unset, on or off; got {value!r}")
+    return value == "on"
 
 
 def current_impl() -> Impl:

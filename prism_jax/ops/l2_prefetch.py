@@ -11,13 +11,11 @@ projection (opt-in until an H200 has timed it; `prefetch_o_weights`).
 
 from __future__ import annotations
 
-import os
-
 import jax
 import numpy as np
 
 from prism_jax.ops._registry import require_target
-from prism_jax.ops.dispatch import Impl, resolve_impl
+from prism_jax.ops.dispatch import Impl, env_switch, resolve_impl
 
 OP = "l2_prefetch"
 
@@ -25,10 +23,7 @@ OP = "l2_prefetch"
 def prefetch_o_weights() -> bool:
     """PRISM_ATTN_WEIGHT_PREFETCH=on: the int8 model prefetches the o projection's weights
     before each attention call (read when the step is traced); unset or "off": it does not."""
-    switch = os.environ.get("PRISM_ATTN_WEIGHT_PREFETCH") or "off"  # set but empty: unset
-    if switch not in ("on", "off"):
-        raise ValueError(f"PRISM_ATTN_WEIGHT_PREFETCH must be unset, on or off; got {switch!r}")
-    return switch == "on"
+    return env_switch("PRISM_ATTN_WEIGHT_PREFETCH", False)
 
 
 def l2_prefetch(x, after, *, max_bytes: int = 0, impl: Impl | None = None) -> jax.Array:

@@ -20,15 +20,13 @@ bitwise on the CPU.
 
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from prism_jax.ops import _checks
 from prism_jax.ops._registry import require_target
-from prism_jax.ops.dispatch import Impl, resolve_impl
+from prism_jax.ops.dispatch import Impl, env_switch, resolve_impl
 from prism_jax.ops.rmsnorm_quant import _normalize_reference
 from prism_jax.ops.tree_attention import write_pool_rows
 
@@ -40,10 +38,7 @@ def qkv_rope_supported(head_dim: int) -> bool:
     a whole number of lanes away); the model keeps XLA's rope for others, on every device, so
     CPU and GPU run the same computation. PRISM_QKV_ROPE=off routes every head dim to XLA's
     rope (the unfused path, for A/B timings); unset or "on" leaves the choice to the head dim."""
-    switch = os.environ.get("PRISM_QKV_ROPE", "on")
-    if switch not in ("on", "off"):
-        raise ValueError(f"PRISM_QKV_ROPE must be unset, on or off; got {switch!r}")
-    return switch == "on" and head_dim % 16 == 0 and 16 <= head_dim <= 256
+    return env_switch("PRISM_QKV_ROPE", True) and head_dim % 16 == 0 and 16 <= head_dim <= 256
 
 
 def kv_write_fused() -> bool:
@@ -53,10 +48,7 @@ def kv_write_fused() -> bool:
     0.19 / 0.28 / 0.12 ms of GPU time off a one-digit 27B step (H100, benchmarks/BENCHMARKS.md,
     session 33). Read when a step is traced: executables compiled before a change keep what
     they were built with."""
-    switch = os.environ.get("PRISM_QKV_ROPE_KV", "on")
-    if switch not in ("on", "off"):
-        raise ValueError(f"PRISM_QKV_ROPE_KV must be unset, on or off; got {switch!r}")
-    return switch == "on"
+    return env_switch("PRISM_QKV_ROPE_KV", True)
 
 
 def rope_tables(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:

@@ -130,3 +130,18 @@ def test_impl_scope_does_not_nest():
     assert ops.current_impl() == "ffi"
     with pytest.raises(ValueError, match="impl must be one of"):
         ops.int8_gemm(i8(1, 1), f32(1), i8(1, 1), f32(1), impl="cuda")
+
+
+def test_env_switch_defaults_and_rejects_typos(monkeypatch):
+    """The model's on/off knobs: unset and empty give the default, a typo is an error."""
+    from prism_jax.ops.dispatch import env_switch
+
+    monkeypatch.delenv("PRISM_TEST_SWITCH", raising=False)
+    assert env_switch("PRISM_TEST_SWITCH", True) and not env_switch("PRISM_TEST_SWITCH", False)
+    monkeypatch.setenv("PRISM_TEST_SWITCH", "")
+    assert env_switch("PRISM_TEST_SWITCH", True)
+    monkeypatch.setenv("PRISM_TEST_SWITCH", "off")
+    assert not env_switch("PRISM_TEST_SWITCH", True)
+    monkeypatch.setenv("PRISM_TEST_SWITCH", "1")
+    with pytest.raises(ValueError, match="PRISM_TEST_SWITCH must be unset, on or off"):
+        env_switch("PRISM_TEST_SWITCH", False)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from prism_jax import ops
-from tests.conftest import assert_bitwise_equal, run_on
+from tests.conftest import assert_bitwise_equal, assert_same_bits_under, run_on
 
 # (600, 1000): more rows than RowBlockThreads' many-rows threshold (uncached blocks narrow to
 # 256 threads, cached ones keep one chunk per thread); (5, 21504): the 27B's F.
@@ -44,13 +44,8 @@ def glu_ops(rng, m, f, dtype):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_cached_rows_match_recomputed_rows_bitwise(gpu, rng, monkeypatch, m, f, dtype):
     for name, fn, args in glu_ops(rng, m, f, dtype):
-        monkeypatch.setenv("PRISM_GLU_CACHE", "on")
-        cached = jax.tree.leaves(run_on(gpu, fn, *args))
-        monkeypatch.setenv("PRISM_GLU_CACHE", "off")
-        recomputed = jax.tree.leaves(run_on(gpu, fn, *args))
-        monkeypatch.delenv("PRISM_GLU_CACHE")
-        for i, (a, b) in enumerate(zip(cached, recomputed, strict=True)):
-            assert_bitwise_equal(a, b, f"{name} output {i}: cached vs recomputed row")
+        knob = ("PRISM_GLU_CACHE", ("on", "off"))  # cached, then recomputed rows
+        assert_same_bits_under(monkeypatch, *knob, gpu, fn, *args, what=name)
 
 
 @pytest.mark.gpu

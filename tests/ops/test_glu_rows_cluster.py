@@ -3,12 +3,11 @@
 the bits of one block a row: glu_quant, glu_quant2, glu_quant2_sum and quantize_digits, cached
 and recomputed rows, one and two digits. A misspelt setting is an error. GPU only."""
 
-import jax
 import jax.numpy as jnp
 import pytest
 
 from prism_jax import ops
-from tests.conftest import assert_bitwise_equal, run_on
+from tests.conftest import assert_same_bits_under, run_on
 from tests.ops.test_glu_rows_cache import ACT, glu_ops, rows
 
 # (1, 21504): decode's row over a cluster of 8; (32, 21504): the 27B's follow-up step, 4 blocks
@@ -17,12 +16,7 @@ from tests.ops.test_glu_rows_cache import ACT, glu_ops, rows
 SHAPES = [(1, 21504), (3, 2048), (32, 21504), (32, 4096), (5, 60000), (60, 300), (200, 4096)]
 
 
-def each(gpu, fn, args, monkeypatch, setting):
-    monkeypatch.setenv("PRISM_GLU_CLUSTER", setting)
-    try:
-        return jax.tree.leaves(run_on(gpu, fn, *args))
-    finally:
-        monkeypatch.delenv("PRISM_GLU_CLUSTER")
+CLUSTER = ("PRISM_GLU_CLUSTER", ("off", "on"))  # one block a row, then clusters
 
 
 @pytest.mark.gpu
@@ -32,22 +26,17 @@ def each(gpu, fn, args, monkeypatch, setting):
 def test_cluster_rows_match_block_rows_bitwise(gpu, rng, monkeypatch, m, f, dtype, cache):
     monkeypatch.setenv("PRISM_GLU_CACHE", cache)
     for name, fn, args in glu_ops(rng, m, f, dtype):
-        one = each(gpu, fn, args, monkeypatch, "off")
-        split = each(gpu, fn, args, monkeypatch, "on")
-        for i, (a, b) in enumerate(zip(split, one, strict=True)):
-            assert_bitwise_equal(a, b, f"{name} output {i} ({m}x{f}, cache {cache}): cluster")
+        what = f"{name} ({m}x{f}, cache {cache})"
+        assert_same_bits_under(monkeypatch, *CLUSTER, gpu, fn, *args, what=what)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,d", [(1, 5376), (32, 4096), (32, 5376), (9, 257)])
 @pytest.mark.parametrize("digits", [1, 2])
 def test_cluster_quantize_digits_bitwise(gpu, rng, monkeypatch, m, d, digits):
-    y = rows(rng, (m, d))
     fn = lambda a: ops.quantize_digits(a, digits=digits)  # noqa: E731
-    one = each(gpu, fn, (y,), monkeypatch, "off")
-    split = each(gpu, fn, (y,), monkeypatch, "on")
-    for i, (a, b) in enumerate(zip(split, one, strict=True)):
-        assert_bitwise_equal(a, b, f"quantize_digits({digits}) output {i} ({m}x{d}): cluster")
+    what = f"quantize_digits({digits}) ({m}x{d})"
+    assert_same_bits_under(monkeypatch, *CLUSTER, gpu, fn, rows(rng, (m, d)), what=what)
 
 
 @pytest.mark.gpu

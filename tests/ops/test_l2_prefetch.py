@@ -4,12 +4,11 @@ tree attention's next tile in the block and split kernels (PRISM_TREE_ATTENTION_
 give the same bits on and off, and a misspelt setting is an error rather than a silent default.
 GPU only."""
 
-import jax
 import jax.numpy as jnp
 import pytest
 
 from prism_jax import ops
-from tests.conftest import assert_bitwise_equal, run_on
+from tests.conftest import assert_same_bits_under, run_on
 from tests.ops.test_glu_rows_cache import ACT, glu_ops, rows
 from tests.ops.tree_attention_world import assert_same_kernels, forest_runs, long_state_runs
 
@@ -23,13 +22,8 @@ GLU_SHAPES = [(9, 257), (600, 1000), (256, 21504), (5, 60000)]
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_glu_prefetch_keeps_the_bits(gpu, rng, monkeypatch, m, f, dtype):
     for name, fn, args in glu_ops(rng, m, f, dtype):
-        monkeypatch.setenv("PRISM_GLU_PREFETCH", "on")
-        on = jax.tree.leaves(run_on(gpu, fn, *args))
-        monkeypatch.setenv("PRISM_GLU_PREFETCH", "off")
-        off = jax.tree.leaves(run_on(gpu, fn, *args))
-        monkeypatch.delenv("PRISM_GLU_PREFETCH")
-        for i, (a, b) in enumerate(zip(on, off, strict=True)):
-            assert_bitwise_equal(a, b, f"{name} output {i} ({m}x{f}): prefetch on vs off")
+        knob = ("PRISM_GLU_PREFETCH", ("off", "on"))
+        assert_same_bits_under(monkeypatch, *knob, gpu, fn, *args, what=f"{name} ({m}x{f})")
 
 
 @pytest.mark.gpu
