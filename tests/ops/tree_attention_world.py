@@ -54,6 +54,21 @@ def slot_of(chain, pos):
     raise AssertionError(f"position {pos} not in chain")
 
 
+def token_arrays(pool, tokens, t, index, cid):
+    """The step's per-token arrays: the real tokens at index, random padding elsewhere (its
+    writes go to page 0, its positions and chains are -1)."""
+    w0 = tokens[0][1]
+    q = cast(pool.rng.normal(0, 1, (t, *w0.q.shape[1:])), w0.q.dtype)
+    k_new = cast(pool.rng.normal(0, 1, (t, *w0.k.shape[1:])), w0.k.dtype)
+    v_new = k_new.copy()
+    slot = pool.rng.integers(0, L, t).astype(np.int32)  # padding writes into page 0
+    pos, chain_of = np.full(t, -1, np.int32), np.full(t, -1, np.int32)
+    for i, (ch, w, p) in zip(index, tokens, strict=True):
+        q[i], k_new[i], v_new[i] = w.q[p], w.k[p], w.v[p]
+        slot[i], pos[i], chain_of[i] = slot_of(ch, p), p, cid[id(ch)]
+    return q, k_new, v_new, slot, pos, chain_of
+
+
 def run_step(
     device,
     pool,
@@ -76,15 +91,7 @@ def run_step(
     flat = np.concatenate([flat, pool.rng.integers(0, P, pad_pages).astype(np.int32)])
     t = max(pad_to, len(tokens))
     index = np.sort(pool.rng.permutation(t)[: len(tokens)])  # where real tokens sit
-    w0 = tokens[0][1]
-    q = cast(pool.rng.normal(0, 1, (t, *w0.q.shape[1:])), w0.q.dtype)
-    k_new = cast(pool.rng.normal(0, 1, (t, *w0.k.shape[1:])), w0.k.dtype)
-    v_new = k_new.copy()
-    slot = pool.rng.integers(0, L, t).astype(np.int32)  # padding writes into page 0
-    pos, chain_of = np.full(t, -1, np.int32), np.full(t, -1, np.int32)
-    for i, (ch, w, p) in zip(index, tokens, strict=True):
-        q[i], k_new[i], v_new[i] = w.q[p], w.k[p], w.v[p]
-        slot[i], pos[i], chain_of[i] = slot_of(ch, p), p, cid[id(ch)]
+    q, k_new, v_new, slot, pos, chain_of = token_arrays(pool, tokens, t, index, cid)
     out, pool.k, pool.v = run_on(
         device,
         op,
