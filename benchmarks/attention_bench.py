@@ -38,7 +38,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import attention_cases as ac  # noqa: E402
 from attention_report import markdown  # noqa: E402
 from bench_common import commit, jsonl_emitter  # noqa: E402
-from gemm_bench import copy_bandwidth, stats, time_jax  # noqa: E402
+from op_timing import copy_bandwidth, stats, time_jax  # noqa: E402
 
 from prism_jax import ops  # noqa: E402
 from prism_jax.config import EngineConfig  # noqa: E402

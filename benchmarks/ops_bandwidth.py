@@ -22,7 +22,7 @@ applying the op R times, call i to its own inputs (XLA can neither merge nor ded
 and inputs are not re-read from L2), R sized for ~2 ms of device time; per-op time = run / R,
 median and min-max over --runs. Copy: XLA's x_i + 1 over 1 GiB of float32 (4-byte elements: an
 int8 x + 1 runs at a third of this, so it is no ceiling), bytes read + written. --device-time
-adds every op's and the copy's kernel time (gemm_bench.device_time: the kernels of 3 traced
+adds every op's and the copy's kernel time (op_timing.device_time: the kernels of 3 traced
 runs, no host dispatch or launch gaps) and its share of the copy's, both timed the same way.
 Writes ops_bandwidth.jsonl under --out; `--render FILE` prints its table.
 """
@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from gemm_bench import (  # noqa: E402
+from op_timing import (  # noqa: E402
     copy_bandwidth,
     device_time,
     repeated,

@@ -66,25 +66,6 @@ def test_smoke_run_writes_every_implementation(tmp_path):
     assert "## Kernel time" not in table
 
 
-def test_device_time_divides_traced_kernel_time_by_runs_and_reps():
-    import jax.numpy as jnp
-
-    calls = []
-
-    def fn(x):
-        calls.append(1)
-        return x + 1
-
-    def traced(kernels: dict[str, float], source: str):
-        return lambda _dir: (kernels, {}, source)
-
-    reps = 5
-    got = gemm_bench.device_time(fn, (jnp.ones(4),), reps, traced({"a": 2e6, "b": 1e6}, "gpu"))
-    assert got == pytest.approx(3e6 * 1e-9 / (gemm_bench.DEVICE_RUNS * reps))
-    assert len(calls) == 1 + gemm_bench.DEVICE_RUNS  # a warm-up call, then the traced runs
-    assert gemm_bench.device_time(fn, (jnp.ones(4),), reps, traced({"t": 5.0}, "cpu")) is None
-
-
 def test_device_table_against_cublaslt_events():
     base = {"shape": "qkv", "M": 64, "N": 8192, "K": 5376}
     rows = [
