@@ -47,8 +47,8 @@ inline ffi::Error MergeBatch(bool big, int* batch) {
 
 // PRISM_TREE_ATTENTION_PREFETCH=on turns on the block and split kernels' L2 prefetch of the
 // next tile's K/V rows (StageTile's prefetch_next); unset or "off" leaves it off. Same bits
-// either way; opt-in until an H200 has timed it (it compiles for sm_90a but has not run on a
-// GPU, session 35).
+// either way (tested bitwise on an H100, session 36); opt-in until an H200 has timed it, which
+// no session has yet.
 inline ffi::Error TilePrefetch(bool* on) {
   return EnvSwitch("PRISM_TREE_ATTENTION_PREFETCH", false, "prism_tree_attention", on);
 }
