@@ -44,7 +44,8 @@ from prism_jax.model import full_logits, params_from_hf  # noqa: E402
 from prism_jax.model import smoothing as sm  # noqa: E402
 from prism_jax.model.attention_backends import MaskedAttention  # noqa: E402
 from prism_jax.model.loader import load_checkpoint  # noqa: E402
-from prism_jax.model.transformer import bind, forward  # noqa: E402
+from prism_jax.model.steps import forward  # noqa: E402
+from prism_jax.model.transformer import bind  # noqa: E402
 from prism_jax.ops.quantize import dequantize_rows, quantize_rows  # noqa: E402
 
 PROJ = ("qkv", "o", "gate_up", "down")

@@ -1,6 +1,6 @@
 """prism_jax.model: the decoder (Gemma 3, Llama, Qwen2, Qwen3) as Flax nnx modules driven by
-pure functions; see transformer.py for the API, readout.py for scoring hidden states and
-layers.py for the three precisions."""
+pure functions; see transformer.py for the modules, steps.py for the step functions,
+readout.py for scoring hidden states and layers.py for the three precisions."""
 
 from prism_jax.model.attention_backends import PagedTables
 from prism_jax.model.hf_weights import check_hf_tensors, hf_tensor_shapes, params_from_hf
@@ -14,15 +14,8 @@ from prism_jax.model.readout import (
     output_embedding,
     vocab_logsumexp,
 )
-from prism_jax.model.transformer import (
-    Params,
-    Transformer,
-    abstract_model,
-    bind,
-    forward,
-    forward_paged,
-    forward_paged_part,
-)
+from prism_jax.model.steps import forward, forward_paged, forward_paged_part
+from prism_jax.model.transformer import Params, Transformer, abstract_model, bind
 
 __all__ = [
     "PRECISIONS",
