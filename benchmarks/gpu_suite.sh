@@ -54,9 +54,8 @@
 #                                 PRISM_TREE_ATTENTION_PREFETCH=on, -pf with both (the L2
 #                                 prefetch hints of cc/l2_prefetch.cuh, opt-in: their A/B);
 #                                 -gc with PRISM_GLU_CLUSTER=on (few rows split over a
-#                                 cluster of blocks each, opt-in); -pw with
-#                                 PRISM_ATTN_WEIGHT_PREFETCH=on (the o weights prefetched into
-#                                 the L2 before each attention call, opt-in);
+#                                 cluster of blocks each, opt-in; these three were slower on
+#                                 an H100, results/e2e_h100_session37/);
 #                                 these suffixes combine (one-ms-whole); a mode listed twice
 #                                 runs twice, into e2e_<mode> and e2e_<mode>.2
 #   ATTN_BENCH=1                  then run benchmarks/attention_bench.py (tree_attention vs the
@@ -166,9 +165,8 @@ if [ "${E2E:-0}" != 0 ]; then
     glu_pf="" attn_pf=""
     case "$digits" in *-pg* | *-pf*) glu_pf=on ;; esac
     case "$digits" in *-pa* | *-pf*) attn_pf=on ;; esac
-    glu_cluster="" o_prefetch=""
+    glu_cluster=""
     case "$digits" in *-gc*) glu_cluster=on ;; esac
-    case "$digits" in *-pw*) o_prefetch=on ;; esac
     xla=""
     case "$digits" in *-vt*) xla="$xla --xla_gpu_command_buffer_update_mode=SKIP_TEMP" ;; esac
     case "$digits" in *-vp*)
@@ -181,7 +179,7 @@ if [ "${E2E:-0}" != 0 ]; then
     PRISM_TREE_ATTENTION_MERGE_BATCH=$batch PRISM_RMSNORM_KERNEL=$norm PRISM_QKV_ROPE_KV=$kvstore \
       PRISM_INT8_GEMM_DECOMP=$decomp PRISM_INT8_GEMM_BARRIER=$barrier \
       PRISM_GLU_PREFETCH=$glu_pf PRISM_TREE_ATTENTION_PREFETCH=$attn_pf \
-      PRISM_GLU_CLUSTER=$glu_cluster PRISM_ATTN_WEIGHT_PREFETCH=$o_prefetch \
+      PRISM_GLU_CLUSTER=$glu_cluster \
       XLA_FLAGS="${XLA_FLAGS:-}$xla" XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 \
       timeout -s INT "${E2E_TIMEOUT:-560}" \
       $PY benchmarks/e2e_decide.py --preset gemma3-27b --out "$dir" ${E2E_ARGS:-} $extra 2>&1 |

@@ -30,8 +30,7 @@
   X("prism_vocab_logsumexp", PrismVocabLogSumExpCpu, PrismVocabLogSumExpCuda) \
   X("prism_tree_attention", PrismTreeAttentionCpu, PrismTreeAttentionCuda)      \
   X("prism_tree_attention_digits", PrismTreeAttentionDigitsCpu,                \
-    PrismTreeAttentionDigitsCuda)                                              \
-  X("prism_l2_prefetch", PrismL2PrefetchCpu, PrismL2PrefetchCuda)
+    PrismTreeAttentionDigitsCuda)
 
 #define PRISM_DECLARE_CPU(name, cpu, cuda) XLA_FFI_DECLARE_HANDLER_SYMBOL(cpu);
 #define PRISM_DECLARE_CUDA(name, cpu, cuda) XLA_FFI_DECLARE_HANDLER_SYMBOL(cuda);

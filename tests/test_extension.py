@@ -30,7 +30,6 @@ TARGETS = {
     "prism_vocab_logsumexp",
     "prism_tree_attention",
     "prism_tree_attention_digits",
-    "prism_l2_prefetch",
 }
 
 

@@ -370,7 +370,8 @@ ffi::Error GluRowsLaunch(cudaStream_t stream, const Src& src, const GluOut& out,
   PRISM_REQUIRE(src.m <= 0x7fffffff, op + ": too many rows for one grid");
   // The A/B knobs: PRISM_GLU_CACHE=off recomputes every row (tests compare both paths); the
   // opt-in PRISM_GLU_PREFETCH=on (GluRowsKernel's prefetch) and PRISM_GLU_CLUSTER=on
-  // (GluRowParts) keep the bits on an H100 (session 36) but have not been timed yet.
+  // (GluRowParts) keep the bits, but on an H100 neither made a 27B step faster (session 37,
+  // benchmarks/results/e2e_h100_session37/): they stay off.
   bool allowed = true, prefetch = false, clusters = false;
   PRISM_RETURN_IF_ERROR(EnvSwitch("PRISM_GLU_CACHE", true, op, &allowed));
   PRISM_RETURN_IF_ERROR(EnvSwitch("PRISM_GLU_PREFETCH", false, op, &prefetch));

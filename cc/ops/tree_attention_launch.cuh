@@ -47,8 +47,8 @@ inline ffi::Error MergeBatch(bool big, int* batch) {
 
 // PRISM_TREE_ATTENTION_PREFETCH=on turns on the block and split kernels' L2 prefetch of the
 // next tile's K/V rows (StageTile's prefetch_next); unset or "off" leaves it off. Same bits
-// either way (tested bitwise on an H100, session 36); opt-in until an H200 has timed it, which
-// no session has yet.
+// either way (tested bitwise on an H100, session 36). Off by default: on an H100 it made a
+// one-digit 27B step 0.28-0.50 ms slower (session 37, benchmarks/results/e2e_h100_session37/).
 inline ffi::Error TilePrefetch(bool* on) {
   return EnvSwitch("PRISM_TREE_ATTENTION_PREFETCH", false, "prism_tree_attention", on);
 }

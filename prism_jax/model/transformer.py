@@ -83,9 +83,6 @@ class Attention(nnx.Module):
         if store is not None:  # qkv_rope stored k and v: k, v are the filled pools
             attention.put_pools(self.layer, (k, v))
             k = v = None
-        if self.precision == "int8" and ops.prefetch_o_weights():
-            # The o projection's weights into the L2 while attention runs (ops.l2_prefetch).
-            q = ops.prefetched(q, *(w[...] for w in (self.o.w_q, self.o.w_q2) if w is not None))
         a = attention(self.layer, q, k, v, rows)  # (T or R, N*H)
         if self.precision == "int8":
             digits = 2 if "o" in c.int8_two_digit_rows else 1

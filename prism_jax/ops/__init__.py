@@ -16,7 +16,6 @@ from prism_jax.ops.glu_quant import (
     glu_quant_pair,
 )
 from prism_jax.ops.int8_gemm import int8_gemm
-from prism_jax.ops.l2_prefetch import l2_prefetch, prefetch_o_weights, prefetched
 from prism_jax.ops.qkv_rope import (
     kv_write_fused,
     qkv_rope,
@@ -56,10 +55,7 @@ __all__ = [
     "glu_quant2_sum",
     "glu_quant_pair",
     "int8_gemm",
-    "l2_prefetch",
     "pack_chains",
-    "prefetch_o_weights",
-    "prefetched",
     "kv_write_fused",
     "qkv_rope",
     "qkv_rope_sum",
