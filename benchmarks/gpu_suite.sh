@@ -77,6 +77,25 @@ mkdir -p "$OUT"
 PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# A misspelt or retired suffix (-pw, removed in session 37) would otherwise run the plain mode.
+check_mode() {
+  local part rest=${1#*-}
+  case "$1" in
+    default | one | two | one-* | two-*) ;;
+    *) echo "E2E_DIGITS: unknown mode $1 (one, two, default, or one-/two- with suffixes)" >&2; exit 2 ;;
+  esac
+  [ "$rest" = "$1" ] && return 0
+  for part in ${rest//-/ }; do
+    case "$part" in
+      attn | whole | ba | b8 | lean[248] | reg[1248] | dp | ms | wk | pg | pa | pf | gc | vt | vp | tg) ;;
+      *) echo "E2E_DIGITS: unknown suffix -$part in $1 (see this script's header)" >&2; exit 2 ;;
+    esac
+  done
+}
+# Checked before anything runs, so a bad mode costs no device time.
+if [ "${E2E:-0}" != 0 ]; then
+  for digits in ${E2E_DIGITS:-default}; do check_mode "$digits"; done
+fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false  # several pytest workers share the GPU
 
 if ls .whl/*.whl >/dev/null 2>&1; then
