@@ -26,9 +26,7 @@ from flax import nnx
 
 from prism_jax import ops
 from prism_jax.config import ModelConfig, Precision
-from prism_jax.model.attention_backends import (
-    AttentionBackend,
-)
+from prism_jax.model.attention_backends import AttentionBackend
 from prism_jax.model.layers import (
     Embedding,
     Linear,
