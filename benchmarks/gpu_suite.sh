@@ -78,6 +78,7 @@ PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # A misspelt or retired suffix (-pw, removed in session 37) would otherwise run the plain mode.
+# The suffix list is the case lines' in the E2E loop below: add a suffix to both.
 check_mode() {
   local part rest=${1#*-}
   case "$1" in

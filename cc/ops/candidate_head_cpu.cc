@@ -19,6 +19,7 @@
 #include "cc/common.h"
 #include "cc/cpu_parallel.h"
 #include "cc/numerics.h"
+#include "cc/ops/candidate_head.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -29,6 +30,11 @@
 
 namespace prism {
 namespace {
+
+using head::CheckHiddenEmbedding;
+using head::CheckVocabPartials;
+using head::DispatchHiddenEmbedding;
+using head::VocabTiles;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -248,7 +254,7 @@ void CandidateRows(ffi::ThreadPool& pool, const H* hidden, const E* emb, const i
 template <typename H, typename E>
 void VocabTile(const H* hidden, const float* hf, const E* emb, int64_t r0, int64_t r1,
                int64_t t, int64_t v, int64_t d, float softcap, float* partials) {
-  const int64_t tiles = (v + kVocabTile - 1) / kVocabTile;
+  const int64_t tiles = VocabTiles(v);
   const int64_t v0 = t * kVocabTile, v1 = std::min(v, v0 + kVocabTile);
   std::vector<float> logits((r1 - r0) * kVocabTile);
 #if PRISM_X86
@@ -277,7 +283,7 @@ void VocabTile(const H* hidden, const float* hf, const E* emb, int64_t r0, int64
 template <typename H, typename E>
 void VocabLseRows(ffi::ThreadPool& pool, const H* hidden, const E* emb, int64_t r_count,
                   int64_t v, int64_t d, float softcap, float* lse, float* partials) {
-  const int64_t tiles = (v + kVocabTile - 1) / kVocabTile;
+  const int64_t tiles = VocabTiles(v);
   const int64_t chunks = (r_count + kRowChunk - 1) / kRowChunk;
   const bool avx2 = HasAvx2();
   const std::vector<float> hf = avx2 ? HiddenF32(hidden, r_count * d) : std::vector<float>();
@@ -295,28 +301,6 @@ void VocabLseRows(ffi::ThreadPool& pool, const H* hidden, const E* emb, int64_t 
     for (int64_t t = 0; t < tiles; ++t) se = se + part[2 * t + 1] * expf(part[2 * t] - mx);
     lse[r] = mx + logf(se);
   }
-}
-
-ffi::Error CheckHiddenEmbedding(const ffi::AnyBuffer& hidden, const ffi::AnyBuffer& emb,
-                                const std::string& op) {
-  PRISM_REQUIRE(hidden.dimensions().size() == 2, op + ": hidden must be [R, D]");
-  PRISM_REQUIRE(emb.dimensions().size() == 2, op + ": embedding must be [V, D]");
-  PRISM_REQUIRE(emb.dimensions()[1] == hidden.dimensions()[1],
-                op + ": embedding's D must equal hidden's D");
-  PRISM_REQUIRE(IsFloatActivation(hidden.element_type()) && IsFloatActivation(emb.element_type()),
-                op + ": hidden and embedding must be float32 or bfloat16");
-  return ffi::Error::Success();
-}
-
-// Calls fn(hidden_ptr, embedding_ptr) with the buffers' element types.
-template <typename Fn>
-void DispatchHiddenEmbedding(const ffi::AnyBuffer& hidden, const ffi::AnyBuffer& emb, Fn fn) {
-  const bool h32 = hidden.element_type() == ffi::DataType::F32;
-  const bool e32 = emb.element_type() == ffi::DataType::F32;
-  if (h32 && e32) fn(hidden.reinterpret_data<float>(), emb.reinterpret_data<float>());
-  if (h32 && !e32) fn(hidden.reinterpret_data<float>(), emb.reinterpret_data<uint16_t>());
-  if (!h32 && e32) fn(hidden.reinterpret_data<uint16_t>(), emb.reinterpret_data<float>());
-  if (!h32 && !e32) fn(hidden.reinterpret_data<uint16_t>(), emb.reinterpret_data<uint16_t>());
 }
 
 ffi::Error CandidateHeadCpu(ffi::ThreadPool pool, ffi::AnyBuffer hidden, ffi::AnyBuffer emb,
@@ -339,12 +323,9 @@ ffi::Error VocabLogSumExpCpu(ffi::ThreadPool pool, ffi::AnyBuffer hidden, ffi::A
                              ffi::Result<ffi::BufferR1<ffi::F32>> lse,
                              ffi::Result<ffi::BufferR3<ffi::F32>> partials, float softcap) {
   if (auto e = CheckHiddenEmbedding(hidden, emb, "prism_vocab_logsumexp"); e.failure()) return e;
+  if (auto e = CheckVocabPartials(hidden, emb, partials->dimensions()); e.failure()) return e;
   const int64_t r = hidden.dimensions()[0], d = hidden.dimensions()[1];
   const int64_t v = emb.dimensions()[0];
-  const int64_t tiles = (v + kVocabTile - 1) / kVocabTile;
-  PRISM_REQUIRE(partials->dimensions()[0] == r && partials->dimensions()[1] == tiles &&
-                    partials->dimensions()[2] == 2,
-                "prism_vocab_logsumexp: partials must be [R, ceil(V / 2048), 2]");
   DispatchHiddenEmbedding(hidden, emb, [&](auto* h, auto* e) {
     VocabLseRows(pool, h, e, r, v, d, softcap, lse->typed_data(), partials->typed_data());
   });

@@ -13,6 +13,7 @@
 #include "cc/common.h"
 #include "cc/cuda_common.cuh"
 #include "cc/numerics.h"
+#include "cc/ops/candidate_head.h"
 #include "cc/ops/head_common.cuh"
 #include "cc/reg_chunk.cuh"
 

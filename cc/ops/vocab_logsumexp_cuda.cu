@@ -10,12 +10,15 @@
 #include "cc/common.h"
 #include "cc/cuda_common.cuh"
 #include "cc/numerics.h"
+#include "cc/ops/candidate_head.h"
 #include "cc/ops/head_common.cuh"
 
 namespace prism {
 namespace {
 
 using head::CheckHiddenEmbedding;
+using head::CheckVocabPartials;
+using head::VocabTiles;
 using head::DispatchHiddenEmbedding;
 using head::kRowThreads;
 using head::MaxLikeStd;
@@ -138,12 +141,9 @@ ffi::Error VocabLogSumExpCuda(cudaStream_t stream, ffi::AnyBuffer hidden, ffi::A
                               ffi::Result<ffi::BufferR3<ffi::F32>> partials, float softcap) {
   const char* op = "prism_vocab_logsumexp";
   if (auto e = CheckHiddenEmbedding(hidden, emb, op); e.failure()) return e;
+  if (auto e = CheckVocabPartials(hidden, emb, partials->dimensions()); e.failure()) return e;
   const int64_t r = hidden.dimensions()[0], d = hidden.dimensions()[1];
-  const int64_t v = emb.dimensions()[0];
-  const int64_t tiles = (v + kVocabTile - 1) / kVocabTile;
-  PRISM_REQUIRE(partials->dimensions()[0] == r && partials->dimensions()[1] == tiles &&
-                    partials->dimensions()[2] == 2,
-                "prism_vocab_logsumexp: partials must be [R, ceil(V / 2048), 2]");
+  const int64_t v = emb.dimensions()[0], tiles = VocabTiles(v);
   if (r == 0) return ffi::Error::Success();
   PRISM_REQUIRE(tiles <= 65535, "prism_vocab_logsumexp: V above 65535 * 2048 is not supported");
   if (tiles > 0) {  // V = 0 leaves lse = -inf, as on the CPU
