@@ -32,14 +32,12 @@ from prism_jax.model.calibration_text import text_digest
 # The calibration side lives in smoothing_calibration; its public names are this module's too.
 from prism_jax.model.smoothing_calibration import (  # noqa: F401 (re-exported)
     ROW_LEN,
-    STATS_VERSION,
     Packed,
     activation_absmax,
     cached_activation_absmax,
     calibration_sequences,
     pack_sequences,
     tokens_key,
-    weights_fingerprint,
 )
 
 PROJECTIONS = ("qkv", "gate_up", "down", "o")
