@@ -29,7 +29,7 @@ import numpy as np
 from prism_jax.config import ModelConfig
 from prism_jax.model.calibration_text import text_digest
 
-# The calibration side lives in smoothing_calibration; its public names are this module's too.
+# The calibration side lives in smoothing_calibration; what callers reach as smoothing.X stays.
 from prism_jax.model.smoothing_calibration import (  # noqa: F401 (re-exported)
     ROW_LEN,
     Packed,
