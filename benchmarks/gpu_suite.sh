@@ -50,12 +50,9 @@
 #                                 stores k and v; by default qkv_rope does); -ba with
 #                                 --baseline-after (the bf16 baseline built once the int8
 #                                 engine is freed: an H100 cannot hold both 27B models);
-#                                 -pg with PRISM_GLU_PREFETCH=on, -pa with
-#                                 PRISM_TREE_ATTENTION_PREFETCH=on, -pf with both (the L2
-#                                 prefetch hints of cc/l2_prefetch.cuh, opt-in: their A/B);
-#                                 -gc with PRISM_GLU_CLUSTER=on (few rows split over a
-#                                 cluster of blocks each, opt-in; these three were slower on
-#                                 an H100, results/e2e_h100_session37/);
+#                                 (-pg, -pa, -pf and -gc, the L2 prefetch and GLU cluster
+#                                 options, were removed after session 38: slower on an H100,
+#                                 results/e2e_h100_session37/);
 #                                 these suffixes combine (one-ms-whole); a mode listed twice
 #                                 runs twice, into e2e_<mode> and e2e_<mode>.2
 #   ATTN_BENCH=1                  then run benchmarks/attention_bench.py (tree_attention vs the
@@ -88,7 +85,7 @@ check_mode() {
   [ "$rest" = "$1" ] && return 0
   for part in ${rest//-/ }; do
     case "$part" in
-      attn | whole | ba | b8 | lean[248] | reg[1248] | dp | ms | wk | pg | pa | pf | gc | vt | vp | tg) ;;
+      attn | whole | ba | b8 | lean[248] | reg[1248] | dp | ms | wk | vt | vp | tg) ;;
       *) echo "E2E_DIGITS: unknown suffix -$part in $1 (see this script's header)" >&2; exit 2 ;;
     esac
   done
@@ -182,11 +179,6 @@ if [ "${E2E:-0}" != 0 ]; then
     case "$digits" in *-dp*) decomp=d ;; esac
     case "$digits" in *-ms*) barrier=memset ;; esac
     case "$digits" in *-wk*) kvstore=off ;; esac
-    glu_pf="" attn_pf=""
-    case "$digits" in *-pg* | *-pf*) glu_pf=on ;; esac
-    case "$digits" in *-pa* | *-pf*) attn_pf=on ;; esac
-    glu_cluster=""
-    case "$digits" in *-gc*) glu_cluster=on ;; esac
     xla=""
     case "$digits" in *-vt*) xla="$xla --xla_gpu_command_buffer_update_mode=SKIP_TEMP" ;; esac
     case "$digits" in *-vp*)
@@ -198,8 +190,6 @@ if [ "${E2E:-0}" != 0 ]; then
     # shellcheck disable=SC2086 (E2E_ARGS is a list of arguments)
     PRISM_TREE_ATTENTION_MERGE_BATCH=$batch PRISM_RMSNORM_KERNEL=$norm PRISM_QKV_ROPE_KV=$kvstore \
       PRISM_INT8_GEMM_DECOMP=$decomp PRISM_INT8_GEMM_BARRIER=$barrier \
-      PRISM_GLU_PREFETCH=$glu_pf PRISM_TREE_ATTENTION_PREFETCH=$attn_pf \
-      PRISM_GLU_CLUSTER=$glu_cluster \
       XLA_FLAGS="${XLA_FLAGS:-}$xla" XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 \
       timeout -s INT "${E2E_TIMEOUT:-560}" \
       $PY benchmarks/e2e_decide.py --preset gemma3-27b --out "$dir" ${E2E_ARGS:-} $extra 2>&1 |

@@ -46,9 +46,7 @@ __device__ __forceinline__ void MergePartials(const Partials<kH, kPW>& pt, float
 
 // Block-wide: out for the pairs of query tile b (tokens [b * Qt, (b + 1) * Qt)) and kv head
 // kvh, every tile in order (see the top of this file). smem: SmemBytes() of dynamic memory.
-// kPrefetch: StageTile's prefetch_next for blocks of one chain (PRISM_TREE_ATTENTION_PREFETCH,
-// a template flag so that the default kernel's code is what it was before the option).
-template <typename Q, typename KV, int kH, int kPW, bool kPrefetch = false>
+template <typename Q, typename KV, int kH, int kPW>
 __device__ __forceinline__ void AttendBlock(const Q* __restrict__ q, const KV* __restrict__ k_pool,
                                             const KV* __restrict__ v_pool, const Dims& dm,
                                             const Tables& tb, float scale, int32_t window,
@@ -72,14 +70,10 @@ __device__ __forceinline__ void AttendBlock(const Q* __restrict__ q, const KV* _
   }
   const int nc = info.n_chains;
   const int64_t jlo = info.j_lo, jhi = info.j_hi;
-  HeldRow held;  // the next tile's rows (kPrefetch)
   for (int64_t j = jlo; j <= jhi; ++j) {
     for (int ci = 0; ci < nc; ++ci) {
       if (j < sm.chains[ci].lo || j > sm.chains[ci].hi) continue;  // uniform (shared memory)
-      // The next tile this block stages is j + 1 of the same chain when the block has one
-      // chain (StageTile checks that the chain sees it).
-      StageTile<KV, kH, kPW>(k_pool, v_pool, dm, tb, window, kvh, j, ci, qt, sm,
-                             kPrefetch && nc == 1, kPrefetch ? &held : nullptr);
+      StageTile<KV, kH, kPW>(k_pool, v_pool, dm, tb, window, kvh, j, ci, qt, sm);
       Partials<kH, kPW> pt;
       TilePartials<kH, kPW>(sm, j, ci, window, scale, g_count, &pt);
       MergePartials<kH, kPW>(pt, st_m, st_l, st_acc);
@@ -99,15 +93,15 @@ __device__ __forceinline__ void AttendBlock(const Q* __restrict__ q, const KV* _
 }
 
 // The block kernel (see the top of this file). grid = (ceil(T / Qt), K), Qt = kPairs / G.
-template <typename Q, typename KV, int kH, int kPW, bool kPrefetch>
+template <typename Q, typename KV, int kH, int kPW>
 __global__ void __launch_bounds__(kThreads, kH <= 128 ? 2 : 1)
     BlockAttendKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
                       const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale,
                       int32_t window, Q* __restrict__ out) {
   extern __shared__ __align__(16) float smem[];
   __shared__ BlockInfo info;
-  AttendBlock<Q, KV, kH, kPW, kPrefetch>(q, k_pool, v_pool, dm, tb, scale, window, blockIdx.x,
-                                         blockIdx.y, smem, info, out);
+  AttendBlock<Q, KV, kH, kPW>(q, k_pool, v_pool, dm, tb, scale, window, blockIdx.x, blockIdx.y,
+                              smem, info, out);
 }
 
 }  // namespace block

@@ -10,7 +10,6 @@
 #include <type_traits>
 
 #include "cc/cuda_common.cuh"
-#include "cc/l2_prefetch.cuh"
 #include "cc/numerics.h"
 #include "cc/ops/tree_attention.h"
 
@@ -288,40 +287,19 @@ __device__ __forceinline__ void SetupBlock(const Q* q, const Dims& dm, const Tab
   __syncthreads();
 }
 
-// A thread's pool row of position j * 64 + tid of a chain, resolved one tile ahead by
-// StageTile's prefetch_next (j < 0: none held). Rows depend only on the chain and the position.
-struct HeldRow {
-  int64_t j = -1;
-  int32_t chain = -1;
-  int64_t row = -1;
-};
-
 // Block-wide: tile j's rows for chain ci (positions a token of that chain sees), and the K, V
 // rows staged in smem. Starts with a barrier (every warp is done with the previous tile) and
 // ends with one (the tile's K is ready; its V after WaitTileV).
-// prefetch_next: the block stages tile j + 1 of the same chain next (when the chain sees it),
-// so the threads that resolve this tile's rows also resolve that tile's (independent loads,
-// in flight together) and ask the L2 for its K and V rows once this tile's copies are issued,
-// so that they arrive while this tile is computed instead of after it (a 4K-key follow-up
-// reads them from DRAM; the gain is not measured yet: PRISM_TREE_ATTENTION_PREFETCH=on). A
-// hint for rows the chain holds, seen or not: the staged rows, and so the bits, are the same
-// either way. With `held`, the next tile's rows are kept (HeldRow) and this tile's are taken
-// from it when it holds them, so each tile's rows are resolved once, a tile ahead.
 template <typename KV, int kH, int kPW>
 __device__ __forceinline__ void StageTile(const KV* k_pool, const KV* v_pool, const Dims& dm,
                                           const Tables& tb, int32_t window, int64_t kvh,
-                                          int64_t j, int ci, int qt, const Smem& sm,
-                                          bool prefetch_next = false, HeldRow* held = nullptr) {
+                                          int64_t j, int ci, int qt, const Smem& sm) {
   const int tid = static_cast<int>(threadIdx.x);
-  const bool next = prefetch_next && j + 1 <= sm.chains[ci].hi;
-  const bool reuse = held != nullptr && held->j == j && held->chain == sm.chains[ci].chain;
-  int64_t r_next = -1;
   __syncthreads();
   if (tid < kAttnTile) {
     const int64_t p = j * kAttnTile + tid;
     const int32_t* seg = tb.segs + static_cast<int64_t>(sm.chains[ci].chain) * dm.s * kSegFields;
-    int64_t r = reuse ? held->row : KeyRow(seg, dm.s, tb.pages_flat, dm.pt, dm.p, dm.l, p);
-    if (next) r_next = KeyRow(seg, dm.s, tb.pages_flat, dm.pt, dm.p, dm.l, p + kAttnTile);
+    int64_t r = KeyRow(seg, dm.s, tb.pages_flat, dm.pt, dm.p, dm.l, p);
     bool seen = false;
     for (int i = 0; i < qt && r >= 0 && !seen; ++i) {
       seen = sm.toks[i].ci == ci && KeyVisible(p, sm.toks[i].pos, window);
@@ -329,13 +307,7 @@ __device__ __forceinline__ void StageTile(const KV* k_pool, const KV* v_pool, co
     sm.rows[tid] = seen ? r : -1;
   }
   __syncthreads();
-  if (held != nullptr) *held = next ? HeldRow{j + 1, sm.chains[ci].chain, r_next} : HeldRow{};
   LoadTile<KV, kH, kPW>(k_pool, v_pool, dm.k * kH, kvh, sm.rows, sm.kt, sm.vt);
-  if (r_next >= 0) {  // only threads < kAttnTile resolved a row
-    const int64_t off = r_next * dm.k * kH + kvh * kH;
-    PrefetchL2(k_pool + off, kH * static_cast<int64_t>(sizeof(KV)));
-    PrefetchL2(v_pool + off, kH * static_cast<int64_t>(sizeof(KV)));
-  }
   __syncthreads();
 }
 

@@ -45,14 +45,6 @@ inline ffi::Error MergeBatch(bool big, int* batch) {
   return ffi::Error::Success();
 }
 
-// PRISM_TREE_ATTENTION_PREFETCH=on turns on the block and split kernels' L2 prefetch of the
-// next tile's K/V rows (StageTile's prefetch_next); unset or "off" leaves it off. Same bits
-// either way (tested bitwise on an H100, session 36). Off by default: on an H100 it made a
-// one-digit 27B step 0.28-0.50 ms slower (session 37, benchmarks/results/e2e_h100_session37/).
-inline ffi::Error TilePrefetch(bool* on) {
-  return EnvSwitch("PRISM_TREE_ATTENTION_PREFETCH", false, "prism_tree_attention", on);
-}
-
 // The split kernel's f32 workspace, a result of the call (tree_attention_split.cuh).
 struct Workspace {
   float* data;
@@ -73,30 +65,17 @@ ffi::Error LaunchLanes(unsigned grid, cudaStream_t stream, const Q* q, const KV*
   return LaunchStatus("prism_tree_attention");
 }
 
-// Both forms of a kernel (without and with the tile prefetch) allowed `bytes` of dynamic shared
-// memory: the first error, or cudaSuccess.
-template <typename Kernel>
-cudaError_t AllowSmem(Kernel* plain, Kernel* ahead, size_t bytes) {
-  constexpr auto kMax = cudaFuncAttributeMaxDynamicSharedMemorySize;
-  const cudaError_t a = cudaFuncSetAttribute(plain, kMax, static_cast<int>(bytes));
-  const cudaError_t b = cudaFuncSetAttribute(ahead, kMax, static_cast<int>(bytes));
-  return a != cudaSuccess ? a : b;
-}
-
 template <int kH, typename Q, typename KV>
 ffi::Error LaunchBlock(cudaStream_t stream, const Q* q, const KV* k_pool, const KV* v_pool,
                        const Dims& dm, const Tables& tb, float scale, int32_t window, Q* out) {
   constexpr size_t kSmem = block::SmemBytes<kH, kBlockPW>();
-  auto* plain = block::BlockAttendKernel<Q, KV, kH, kBlockPW, false>;
-  auto* ahead = block::BlockAttendKernel<Q, KV, kH, kBlockPW, true>;
-  static const cudaError_t attr = AllowSmem(plain, ahead, kSmem);  // once per instantiation
+  auto* kernel = block::BlockAttendKernel<Q, KV, kH, kBlockPW>;
+  static const cudaError_t attr = cudaFuncSetAttribute(  // once per instantiation
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   PRISM_REQUIRE(attr == cudaSuccess, "prism_tree_attention: block kernel shared memory refused");
   const int64_t qt = block::Shape<kH, kBlockPW>::kPairs / dm.g();
   const dim3 grid(static_cast<unsigned>(CeilDiv(dm.t, qt)), static_cast<unsigned>(dm.k));
-  bool prefetch = false;
-  if (auto e = TilePrefetch(&prefetch); e.failure()) return e;
-  (prefetch ? ahead : plain)<<<grid, block::kThreads, kSmem, stream>>>(q, k_pool, v_pool, dm, tb,
-                                                                       scale, window, out);
+  kernel<<<grid, block::kThreads, kSmem, stream>>>(q, k_pool, v_pool, dm, tb, scale, window, out);
   return LaunchStatus("prism_tree_attention");
 }
 
@@ -108,9 +87,9 @@ ffi::Error LaunchSplit(cudaStream_t stream, const Workspace& ws, const Q* q, con
                        const KV* v_pool, const Dims& dm, const Tables& tb, float scale,
                        int32_t window, Q* out) {
   constexpr size_t kSmem = block::SmemBytes<kH, kBlockPW>();
-  auto* plain = split::PartialKernel<Q, KV, kH, kBlockPW, false>;
-  auto* ahead = split::PartialKernel<Q, KV, kH, kBlockPW, true>;
-  static const cudaError_t attr = AllowSmem(plain, ahead, kSmem);  // once per instantiation
+  auto* kernel = split::PartialKernel<Q, KV, kH, kBlockPW>;
+  static const cudaError_t attr = cudaFuncSetAttribute(  // once per instantiation
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   PRISM_REQUIRE(attr == cudaSuccess, "prism_tree_attention: split kernel shared memory refused");
   const int qt = static_cast<int>(block::Shape<kH, kBlockPW>::kPairs / dm.g());
   const split::Plan plan = split::SplitPlan(dm, window, qt, ws.data, ws.floats);
@@ -126,17 +105,14 @@ ffi::Error LaunchSplit(cudaStream_t stream, const Workspace& ws, const Q* q, con
   // Persistent pass 1: as many blocks as fit on the GPU at once, never more than work items.
   static const int64_t resident = [&] {  // once per instantiation (one device kind)
     int per_sm = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, plain, block::kThreads, kSmem);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block::kThreads, kSmem);
     return DeviceSmCount() * std::max(per_sm, 1);
   }();
   const int64_t nb = CeilDiv(dm.t, qt);
   const unsigned grid = static_cast<unsigned>(std::min(resident, nb * dm.k * plan.slots));
   const int64_t covered = plan.rounds * plan.slots;
   int batch = 0;
-  bool prefetch = false;
   if (auto e = MergeBatch(big, &batch); e.failure()) return e;
-  if (auto e = TilePrefetch(&prefetch); e.failure()) return e;
-  auto* kernel = prefetch ? ahead : plain;
   auto* merge = batch == split::kMergeBatchShort
                     ? split::MergeKernel<Q, kH, split::kMergeBatchShort>
                     : split::MergeKernel<Q, kH, split::kMergeBatchLong>;

@@ -60,9 +60,7 @@ constexpr int MergeMinBlocks() {  // blocks an SM must hold (__launch_bounds__),
 
 // Pass 1 (see the top of this file): a persistent grid over the round's work list; item
 // (pos, kvh) is query tile b's tile first[b] + i, i = pos - ends[b - 1], into slot i.
-// kPrefetch: StageTile's prefetch_next (PRISM_TREE_ATTENTION_PREFETCH; a template flag so that
-// the default kernel's code is what it was before the option).
-template <typename Q, typename KV, int kH, int kPW, bool kPrefetch>
+template <typename Q, typename KV, int kH, int kPW>
 __global__ void __launch_bounds__(block::kThreads, kH <= 128 ? 2 : 1)
     PartialKernel(const Q* __restrict__ q, const KV* __restrict__ k_pool,
                   const KV* __restrict__ v_pool, Dims dm, Tables tb, float scale, int32_t window,
@@ -88,7 +86,6 @@ __global__ void __launch_bounds__(block::kThreads, kH <= 128 ? 2 : 1)
   const int64_t last = first + base + (bid < extra ? 1 : 0);
   const block::Smem sm = block::CarveSmem<kH, kPW>(smem);
   int64_t set_b = -1, set_kvh = -1;  // the (query tile, kv head) smem holds
-  block::HeldRow held;                // the next tile's rows (kPrefetch)
   for (int64_t item = first; item < last; ++item) {  // uniform
     const int64_t kvh = item / npos, pos = item % npos;
     const int b = QueryTileOf(wl, nb, pos);
@@ -104,12 +101,7 @@ __global__ void __launch_bounds__(block::kThreads, kH <= 128 ? 2 : 1)
     const int nc = info.n_chains;
     for (int ci = 0; ci < nc; ++ci) {
       if (j < sm.chains[ci].lo || j > sm.chains[ci].hi) continue;  // uniform (shared memory)
-      // The block's next item is tile j + 1 of the same (b, kvh) when it has one more item
-      // there: with one chain, that is the next tile staged (prefetch_next).
-      const bool next = kPrefetch && nc == 1 && item + 1 < last &&
-                        (item + 1) / npos == kvh && pos + 1 < wl.ends[b];
-      block::StageTile<KV, kH, kPW>(k_pool, v_pool, dm, tb, window, kvh, j, ci, qt, sm, next,
-                                    kPrefetch ? &held : nullptr);
+      block::StageTile<KV, kH, kPW>(k_pool, v_pool, dm, tb, window, kvh, j, ci, qt, sm);
       block::Partials<kH, kPW> pt;
       block::TilePartials<kH, kPW>(sm, j, ci, window, scale, g_count, &pt);
       WritePartials<kH, kPW>(pt, dm, t0, kvh, g_count, slot_part, &done);
