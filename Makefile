@@ -65,7 +65,7 @@ bazel: bazel-deps venv
 
 lint: venv
 	$(PY) -m ruff check prism_jax tests benchmarks examples
-	$(PY) -m ruff format --check prism_jax tests benchmarks examples
+	$(PY) -m ruff format --check prism_jax tests benchmarks examples README.md
 
 clean:
 	rm -rf build $(VENV)/.built
