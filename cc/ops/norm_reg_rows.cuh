@@ -23,9 +23,6 @@ namespace prism {
 constexpr int kMaxRegChunks = 21;  // 168 f32 of y per lane (255 registers; kFull spills a few)
 constexpr int kRegWarps = 4;       // rows per block when the grid has rows to spare
 
-// kFull: as RegSlice's (an absent chunk loads the row's first chunk, never used). The body is
-// the pre-split kernel's, kept as written: routing it through RegSlice (all residual loads
-// first, gamma as a separate pass) made ptxas spill up to 10 KB at 21 chunks.
 // The lane's codes of y (present chunks only) at q_row + at[c].
 template <int kChunks>
 __device__ __forceinline__ void StoreRowCodes(int8_t* q_row, const float (&y)[kChunks][kVec],
@@ -40,59 +37,79 @@ __device__ __forceinline__ void StoreRowCodes(int8_t* q_row, const float (&y)[kC
   }
 }
 
-template <typename T, int kChunks, bool kFull>
-__global__ void __launch_bounds__(kRegWarps * kWarpSize)
-    NormRegRowsKernel(NormArgs<T> a, int64_t m) {
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) +
-                    threadIdx.x / kWarpSize;
-  if (r >= m) return;  // uniform per warp; no block barrier follows
-  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
-  const int64_t first = static_cast<int64_t>(lane) * kVec;  // chunk c starts at first + c*kStride
-  const int64_t off = r * a.d;
-  int cnt[kChunks];     // elements of chunk c present in the row (0 past its end)
-  int64_t at[kChunks];  // where chunk c is read (kFull: 0 for an absent chunk)
+// Lane l's chunks of a row: cnt[c] elements of chunk c present (0 past the row's end), read
+// at at[c] (kFull: 0 for an absent chunk, which loads the row's first chunk, never used).
+template <int kChunks, bool kFull>
+__device__ __forceinline__ void LaneChunks(int lane, int64_t d, int (&cnt)[kChunks],
+                                           int64_t (&at)[kChunks]) {
+  const int64_t first = static_cast<int64_t>(lane) * kVec;  // chunk c at first + c * kStride
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int64_t d0 = first + static_cast<int64_t>(c) * kStride;
-    cnt[c] = d0 < a.d ? ChunkCount(d0, a.d) : 0;
+    cnt[c] = d0 < d ? ChunkCount(d0, d) : 0;
     at[c] = kFull && cnt[c] == 0 ? 0 : d0;
   }
-  // Loads only until every x and residual chunk is in flight.
-  RegChunk<T> h[kChunks] = {};
+}
+
+// The lane's chunks of src into v (absent chunks left as they are).
+template <typename T, int kChunks, bool kFull>
+__device__ __forceinline__ void LoadLaneChunks(const T* src, const int (&cnt)[kChunks],
+                                               const int64_t (&at)[kChunks],
+                                               RegChunk<T> (&v)[kChunks]) {
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     if constexpr (kFull) {
-      h[c].LoadFull(a.x + off + at[c]);
+      v[c].LoadFull(src + at[c]);
     } else if (cnt[c] > 0) {
-      h[c].Load(a.x + off + at[c], cnt[c]);
+      v[c].Load(src + at[c], cnt[c]);
     }
   }
-  if (a.residual != nullptr) {  // h = x + residual rounded to T, as LoadH
+}
+
+// The lane's present chunks of v (kChunks x kVec floats) stored at dst + at[c].
+template <typename T, int kChunks, bool kFull, typename Get>
+__device__ __forceinline__ void StoreLaneChunks(T* dst, const int (&cnt)[kChunks],
+                                                const int64_t (&at)[kChunks], Get get) {
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      RegChunk<T> rv = {};
-      if constexpr (kFull) {
-        rv.LoadFull(a.residual + off + at[c]);
-      } else if (cnt[c] > 0) {
-        rv.Load(a.residual + off + at[c], cnt[c]);
-      }
+  for (int c = 0; c < kChunks; ++c) {
+    float v[kVec];
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) h[c].SetRounded(i, __fadd_rn(h[c].Get(i), rv.Get(i)));
-    }
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      float v[kVec];
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) v[i] = h[c].Get(i);
-      if (cnt[c] == 0) continue;
-      if constexpr (kFull) {
-        StoreVec(a.h + off + at[c], v);
-      } else {
-        StoreChunk(a.h + off + at[c], cnt[c], v);
-      }
+    for (int i = 0; i < kVec; ++i) v[i] = get(c, i);
+    if (cnt[c] == 0) continue;
+    if constexpr (kFull) {
+      StoreVec(dst + at[c], v);
+    } else {
+      StoreChunk(dst + at[c], cnt[c], v);
     }
   }
-  float acc = 0.0f;  // the lane's canonical partial: its elements in increasing d
+}
+
+// h = x + residual rounded to T (as LoadH), stored to a.h; h holds x on entry.
+template <typename T, int kChunks, bool kFull>
+__device__ __forceinline__ void AddResidual(const NormArgs<T>& a, int64_t off,
+                                            const int (&cnt)[kChunks],
+                                            const int64_t (&at)[kChunks],
+                                            RegChunk<T> (&h)[kChunks]) {
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    RegChunk<T> rv = {};
+    if constexpr (kFull) {
+      rv.LoadFull(a.residual + off + at[c]);
+    } else if (cnt[c] > 0) {
+      rv.Load(a.residual + off + at[c], cnt[c]);
+    }
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) h[c].SetRounded(i, __fadd_rn(h[c].Get(i), rv.Get(i)));
+  }
+  StoreLaneChunks<T, kChunks, kFull>(a.h + off, cnt, at,
+                                     [&](int c, int i) { return h[c].Get(i); });
+}
+
+// The lane's canonical partial of the sum of squares: its elements in increasing d.
+template <typename T, int kChunks>
+__device__ __forceinline__ float LaneSumSquares(const RegChunk<T> (&h)[kChunks],
+                                                const int (&cnt)[kChunks]) {
+  float acc = 0.0f;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
 #pragma unroll
@@ -100,9 +117,17 @@ __global__ void __launch_bounds__(kRegWarps * kWarpSize)
       if (i < cnt[c]) acc = __fadd_rn(acc, __fmul_rn(h[c].Get(i), h[c].Get(i)));
     }
   }
-  const float inv = InverseRms(WarpButterflySum(acc), a.d, a.eps);
-  float y[kChunks][kVec];  // y = (h * inv) * (weight_offset + gamma), as NormChunk
-  float amax = 0.0f;       // exact, so any order; only elements of the row
+  return acc;
+}
+
+// y = (h * inv) * (weight_offset + gamma), as NormChunk; returns the lane's amax over the
+// row's elements (exact, so any order).
+template <typename T, int kChunks, bool kFull>
+__device__ __forceinline__ float ScaleLaneChunks(const NormArgs<T>& a, const int (&cnt)[kChunks],
+                                                 const int64_t (&at)[kChunks],
+                                                 const RegChunk<T> (&h)[kChunks], float inv,
+                                                 float (&y)[kChunks][kVec]) {
+  float amax = 0.0f;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     float g[kVec] = {};
@@ -117,22 +142,16 @@ __global__ void __launch_bounds__(kRegWarps * kWarpSize)
       if (i < cnt[c]) amax = fmaxf(amax, fabsf(y[c][i]));
     }
   }
-  if (a.y != nullptr) {
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      if (cnt[c] == 0) continue;
-      if constexpr (kFull) {
-        StoreVec(a.y + off + at[c], y[c]);
-      } else {
-        StoreChunk(a.y + off + at[c], cnt[c], y[c]);
-      }
-    }
-  }
-  if (a.q == nullptr) return;
-#pragma unroll
-  for (int o = kWarpSize / 2; o > 0; o /= 2) {
-    amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, o));
-  }
+  return amax;
+}
+
+// The row's codes and scale (a.q, a.s), then with a.q2 the remainders' (y is overwritten).
+template <typename T, int kChunks>
+__device__ __forceinline__ void QuantiseLaneChunks(const NormArgs<T>& a, int64_t r, int64_t off,
+                                                   int lane, const int (&cnt)[kChunks],
+                                                   const int64_t (&at)[kChunks],
+                                                   float (&y)[kChunks][kVec], float amax) {
+  amax = WarpMax(amax);
   const float qinv = QuantInverse(amax);
   StoreRowCodes(a.q + off, y, cnt, at, qinv);
   if (lane == 0) a.s[r] = QuantScale(amax);
@@ -142,12 +161,37 @@ __global__ void __launch_bounds__(kRegWarps * kWarpSize)
   for (int c = 0; c < kChunks; ++c) {
     rmax = fmaxf(rmax, ChunkRemainders(y[c], cnt[c], qinv, QuantScale(amax)));
   }
-#pragma unroll
-  for (int o = kWarpSize / 2; o > 0; o /= 2) {
-    rmax = fmaxf(rmax, __shfl_xor_sync(kFullMask, rmax, o));
-  }
+  rmax = WarpMax(rmax);
   StoreRowCodes(a.q2 + off, y, cnt, at, QuantInverse(rmax));
   if (lane == 0) a.s2[r] = QuantScale(rmax);
+}
+
+// Phases (the top of this file): x loads; each chunk's residual added as it arrives (h); the
+// sum; y with gamma loaded chunk by chunk; the codes. kFull: as RegSlice's (an absent chunk
+// loads the row's first chunk, never used). This is the pre-split kernel's order, kept:
+// routing it through RegSlice (all residual loads first, gamma as a separate pass) made ptxas
+// spill up to 10 KB at 21 chunks.
+template <typename T, int kChunks, bool kFull>
+__global__ void __launch_bounds__(kRegWarps * kWarpSize)
+    NormRegRowsKernel(NormArgs<T> a, int64_t m) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) +
+                    threadIdx.x / kWarpSize;
+  if (r >= m) return;  // uniform per warp; no block barrier follows
+  const int lane = static_cast<int>(threadIdx.x % kWarpSize);
+  const int64_t off = r * a.d;
+  int cnt[kChunks];
+  int64_t at[kChunks];
+  LaneChunks<kChunks, kFull>(lane, a.d, cnt, at);
+  RegChunk<T> h[kChunks] = {};
+  LoadLaneChunks<T, kChunks, kFull>(a.x + off, cnt, at, h);
+  if (a.residual != nullptr) AddResidual<T, kChunks, kFull>(a, off, cnt, at, h);
+  const float inv = InverseRms(WarpButterflySum(LaneSumSquares(h, cnt)), a.d, a.eps);
+  float y[kChunks][kVec];
+  const float amax = ScaleLaneChunks<T, kChunks, kFull>(a, cnt, at, h, inv, y);
+  if (a.y != nullptr) {
+    StoreLaneChunks<T, kChunks, kFull>(a.y + off, cnt, at, [&](int c, int i) { return y[c][i]; });
+  }
+  if (a.q != nullptr) QuantiseLaneChunks<T, kChunks>(a, r, off, lane, cnt, at, y, amax);
 }
 
 template <typename T, int kChunks>
