@@ -1,7 +1,7 @@
 """Two traced e2e runs side by side: per scenario, each op group's GPU ms a step in A and B, the
 difference, and the step's busy, idle and span time (trace_breakdown.py's breakdown.jsonl rows).
 
-    python3 benchmarks/breakdown_ab.py A/breakdown.jsonl B/breakdown.jsonl --names main,-pf-gc
+    python3 benchmarks/breakdown_ab.py A/breakdown.jsonl B/breakdown.jsonl --names main,-wk
 
 Kernel time repeats within ~1 % across machine starts and walls do not (patch_ab.sh), so an A/B
 of a kernel option reads these rows. Kernels are listed by name as well, the largest first;
