@@ -51,8 +51,9 @@
 #                                 --baseline-after (the bf16 baseline built once the int8
 #                                 engine is freed: an H100 cannot hold both 27B models);
 #                                 (-pg, -pa, -pf and -gc, the L2 prefetch and GLU cluster
-#                                 options, were removed in session 38: slower on an H100,
-#                                 results/e2e_h100_session37/);
+#                                 options, were removed in session 38: slower on an H100
+#                                 and an H200, results/e2e_h100_session37/ and
+#                                 e2e_h200_session38/);
 #                                 these suffixes combine (one-ms-whole); a mode listed twice
 #                                 runs twice, into e2e_<mode> and e2e_<mode>.2
 #   ATTN_BENCH=1                  then run benchmarks/attention_bench.py (tree_attention vs the
