@@ -66,7 +66,7 @@ __device__ __forceinline__ void LoadLaneChunks(const T* src, const int (&cnt)[kC
   }
 }
 
-// The lane's present chunks of v (kChunks x kVec floats) stored at dst + at[c].
+// The lane's present chunks stored at dst + at[c]: element i of chunk c is get(c, i).
 template <typename T, int kChunks, bool kFull, typename Get>
 __device__ __forceinline__ void StoreLaneChunks(T* dst, const int (&cnt)[kChunks],
                                                 const int64_t (&at)[kChunks], Get get) {
