@@ -51,19 +51,25 @@ __device__ __forceinline__ void LaneChunks(int lane, int64_t d, int (&cnt)[kChun
   }
 }
 
-// The lane's chunks of src into v (absent chunks left as they are).
+// One chunk of src: cnt elements at src + at (kFull: the whole chunk; an absent chunk, cnt = 0,
+// is left as it is otherwise).
+template <typename T, bool kFull>
+__device__ __forceinline__ void LoadLaneChunk(const T* src, int cnt, int64_t at,
+                                              RegChunk<T>& v) {
+  if constexpr (kFull) {
+    v.LoadFull(src + at);
+  } else if (cnt > 0) {
+    v.Load(src + at, cnt);
+  }
+}
+
+// The lane's chunks of src into v.
 template <typename T, int kChunks, bool kFull>
 __device__ __forceinline__ void LoadLaneChunks(const T* src, const int (&cnt)[kChunks],
                                                const int64_t (&at)[kChunks],
                                                RegChunk<T> (&v)[kChunks]) {
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    if constexpr (kFull) {
-      v[c].LoadFull(src + at[c]);
-    } else if (cnt[c] > 0) {
-      v[c].Load(src + at[c], cnt[c]);
-    }
-  }
+  for (int c = 0; c < kChunks; ++c) LoadLaneChunk<T, kFull>(src, cnt[c], at[c], v[c]);
 }
 
 // The lane's present chunks stored at dst + at[c]: element i of chunk c is get(c, i).
@@ -93,11 +99,7 @@ __device__ __forceinline__ void AddResidual(const NormArgs<T>& a, int64_t off,
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     RegChunk<T> rv = {};
-    if constexpr (kFull) {
-      rv.LoadFull(a.residual + off + at[c]);
-    } else if (cnt[c] > 0) {
-      rv.Load(a.residual + off + at[c], cnt[c]);
-    }
+    LoadLaneChunk<T, kFull>(a.residual + off, cnt[c], at[c], rv);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) h[c].SetRounded(i, __fadd_rn(h[c].Get(i), rv.Get(i)));
   }
