@@ -33,13 +33,18 @@ def include_dirs() -> list[str]:
     return [jax.ffi.include_dir(), cutlass]
 
 
-def ptxas_log(src: str, root: pathlib.Path) -> str:
-    """nvcc's -Xptxas -v output for root/src, compiled as CMakeLists.txt compiles it."""
+def nvcc_command(src: str, root: pathlib.Path) -> list[str]:
+    """nvcc compiling root/src as CMakeLists.txt compiles it (sm_90a); add the output's flags."""
     cmd = ["nvcc", "-DPRISM_WITH_CUDA", f"-I{root}"]
     cmd += [arg for d in include_dirs() for arg in ("-isystem", d)]
     cmd += ["-O3", "-DNDEBUG", "-std=c++17", "--generate-code=arch=compute_90a,code=[sm_90a]"]
-    cmd += ["-fmad=false", "--expt-relaxed-constexpr", "-Xptxas", "-v"]
-    cmd += ["-x", "cu", "-c", str(root / src), "-o", os.devnull]
+    cmd += ["-fmad=false", "--expt-relaxed-constexpr", "-x", "cu", str(root / src)]
+    return cmd
+
+
+def ptxas_log(src: str, root: pathlib.Path) -> str:
+    """nvcc's -Xptxas -v output for root/src, compiled as CMakeLists.txt compiles it."""
+    cmd = nvcc_command(src, root) + ["-Xptxas", "-v", "-c", "-o", os.devnull]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, f"nvcc failed on {root / src}:\n{proc.stderr[-3000:]}"
     return proc.stdout + proc.stderr
