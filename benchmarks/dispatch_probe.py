@@ -112,6 +112,7 @@ def probe_engine(args) -> tuple:
     setup = SimpleNamespace(seed=0, kv_pages=320, token_buckets=(32, 64, 256, 512, 2048))
     setup.command_buffers = args.command_buffers
     setup.layers_per_call = args.layers_per_call
+    setup.first_layers = args.first_layers
     setup.whole_last_layer = args.whole_last_layer
     setup.no_baseline = True
     engine, _ = build(config, setup, {})

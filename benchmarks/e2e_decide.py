@@ -143,6 +143,11 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         help="EngineConfig.forward_layers_per_call (default: the engine's, 8 on a GPU)",
     )
     p.add_argument(
+        "--first-layers",
+        type=int,
+        help="EngineConfig.forward_first_layers (default: --layers-per-call // 4)",
+    )
+    p.add_argument(
         "--whole-last-layer",
         action="store_true",
         help="EngineConfig.readout_only_last_layer=False: the last layer for every token (A/B)",
@@ -161,6 +166,7 @@ def build(config: ModelConfig, args, times: dict) -> tuple[Engine, Baseline | No
         candidate_buckets=(4, 256),
         command_buffers=args.command_buffers,
         forward_layers_per_call=args.layers_per_call,
+        forward_first_layers=args.first_layers,
         readout_only_last_layer=not args.whole_last_layer,
     )
     # --attention digits applies to the prism engine only; the baseline keeps its own path.
@@ -193,6 +199,7 @@ def meta(args, config: ModelConfig) -> dict:
         "attention_numerics": getattr(args, "attention", "canonical"),
         "command_buffers": args.command_buffers,
         "layers_per_call": args.layers_per_call,
+        "first_layers": args.first_layers,
         "readout_only_last_layer": not args.whole_last_layer,
         "warmup_runs": getattr(args, "warmup", 1),
         "baseline_after": getattr(args, "baseline_after", False),

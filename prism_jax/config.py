@@ -283,6 +283,9 @@ class EngineConfig:
     # first part while the host launches the rest. None: 8 on GPUs, every layer in one call
     # elsewhere (a CPU step's launch cost is small next to its compute).
     forward_layers_per_call: int | None = None
+    # Layers of the forward's first part, the only part whose host work the GPU waits for;
+    # later parts double up to forward_layers_per_call. None: forward_layers_per_call // 4.
+    forward_first_layers: int | None = None
     # The last decoder layer carries only the step's readout rows past its attention (it still
     # writes every token's k/v): the same bits as the whole layer's rows, without the other
     # tokens' attention, MLP and norms there (llama.cpp's "output ids"). It runs as a one-layer
@@ -297,6 +300,10 @@ class EngineConfig:
         per_call = self.forward_layers_per_call
         assert per_call is None or per_call >= 1, (
             f"forward_layers_per_call must be None (automatic) or >= 1, got {per_call}"
+        )
+        first = self.forward_first_layers
+        assert first is None or first >= 1, (
+            f"forward_first_layers must be None (automatic) or >= 1, got {first}"
         )
         assert self.page_size > 0, f"page_size must be > 0, got {self.page_size}"
         assert self.kv_pages >= 2, (

@@ -34,6 +34,21 @@ def test_parts_cover_the_layers_in_order(layers, per_call):
     assert all(n == per_call for n in sizes[ramp_end:-1]), "after the ramp, full parts"
 
 
+@pytest.mark.parametrize(
+    "layers, per_call, first, sizes",
+    [(61, 32, 2, [2, 4, 8, 16, 31]), (61, 32, 1, [1, 2, 4, 8, 16, 30]), (5, 4, 4, [4, 1])],
+)
+def test_the_first_part_sets_the_ramp(layers, per_call, first, sizes):
+    assert [len(part) for part in plan_parts(layers, per_call, first)] == sizes
+
+
+def test_a_first_part_above_the_cap_is_refused():
+    with pytest.raises(AssertionError, match="first part of 9 layers, cap 8"):
+        plan_parts(62, 8, 9)
+    with pytest.raises(AssertionError, match="forward_first_layers"):
+        EngineConfig(forward_first_layers=0)
+
+
 def test_the_27b_parts():
     sizes = [len(part) for part in plan_parts(62, GPU_LAYERS_PER_CALL)]
     assert sizes == [2, 4, 8, 8, 8, 8, 8, 8, 8]
