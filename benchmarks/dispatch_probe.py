@@ -113,6 +113,7 @@ def probe_engine(args) -> tuple:
     setup.command_buffers = args.command_buffers
     setup.layers_per_call = args.layers_per_call
     setup.first_layers = args.first_layers
+    setup.readout_memory = args.readout_memory
     setup.whole_last_layer = args.whole_last_layer
     setup.no_baseline = True
     engine, _ = build(config, setup, {})

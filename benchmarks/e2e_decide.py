@@ -59,7 +59,7 @@ from e2e_scenarios import (
 from e2e_split import split_times
 
 from prism_jax import model, ops
-from prism_jax.config import COMMAND_BUFFERS, EngineConfig, ModelConfig
+from prism_jax.config import COMMAND_BUFFERS, READOUT_MEMORIES, EngineConfig, ModelConfig
 from prism_jax.engine import Engine
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -148,6 +148,12 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         help="EngineConfig.forward_first_layers (default: --layers-per-call // 4)",
     )
     p.add_argument(
+        "--readout-memory",
+        choices=READOUT_MEMORIES,
+        default=EngineConfig.readout_memory,
+        help="EngineConfig.readout_memory: the readouts' results in host memory or on the device",
+    )
+    p.add_argument(
         "--whole-last-layer",
         action="store_true",
         help="EngineConfig.readout_only_last_layer=False: the last layer for every token (A/B)",
@@ -167,6 +173,7 @@ def build(config: ModelConfig, args, times: dict) -> tuple[Engine, Baseline | No
         command_buffers=args.command_buffers,
         forward_layers_per_call=args.layers_per_call,
         forward_first_layers=args.first_layers,
+        readout_memory=args.readout_memory,
         readout_only_last_layer=not args.whole_last_layer,
     )
     # --attention digits applies to the prism engine only; the baseline keeps its own path.
@@ -200,6 +207,7 @@ def meta(args, config: ModelConfig) -> dict:
         "command_buffers": args.command_buffers,
         "layers_per_call": args.layers_per_call,
         "first_layers": args.first_layers,
+        "readout_memory": args.readout_memory,
         "readout_only_last_layer": not args.whole_last_layer,
         "warmup_runs": getattr(args, "warmup", 1),
         "baseline_after": getattr(args, "baseline_after", False),

@@ -258,6 +258,7 @@ def _increasing(values: tuple[int, ...], what: str) -> None:
 
 # EngineConfig.command_buffers -> the XLA compiler options of every step executable.
 COMMAND_BUFFERS = {"xla": {}, "off": {"xla_gpu_enable_command_buffer": ""}}
+READOUT_MEMORIES = ("pinned_host", "device")  # EngineConfig.readout_memory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,6 +292,11 @@ class EngineConfig:
     # tokens' attention, MLP and norms there (llama.cpp's "output ids"). It runs as a one-layer
     # executable per (token bucket, row bucket). False: the whole layer for every token.
     readout_only_last_layer: bool = True
+    # Where the readout executables put their results: "pinned_host" has XLA copy them to host
+    # memory inside the executable, in stream order behind the readout, so reading them waits
+    # for the step and nothing else; "device" leaves them on the device and the read copies
+    # them back after the step (a host round trip between the step's end and the copy).
+    readout_memory: str = "pinned_host"
 
     def __post_init__(self) -> None:
         assert self.command_buffers in COMMAND_BUFFERS, (
@@ -300,6 +306,9 @@ class EngineConfig:
         per_call = self.forward_layers_per_call
         assert per_call is None or per_call >= 1, (
             f"forward_layers_per_call must be None (automatic) or >= 1, got {per_call}"
+        )
+        assert self.readout_memory in READOUT_MEMORIES, (
+            f"readout_memory must be one of {READOUT_MEMORIES}, got {self.readout_memory!r}"
         )
         first = self.forward_first_layers
         assert first is None or first >= 1, (

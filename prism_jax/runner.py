@@ -104,13 +104,23 @@ class Runner:
             )
             return jnp.stack([logits, logprobs])  # (2, R, C): one device-to-host copy
 
-        return jax.jit(read)
+        return jax.jit(read, out_shardings=self._readout_sharding())
 
     def _lse_fn(self):
         config = self.config
         return jax.jit(
-            lambda emb, hidden, rows: model.embedding_logsumexp(emb, config, hidden[rows])
+            lambda emb, hidden, rows: model.embedding_logsumexp(emb, config, hidden[rows]),
+            out_shardings=self._readout_sharding(),
         )
+
+    def _readout_sharding(self) -> jax.sharding.Sharding | None:
+        """The readouts' output placement (EngineConfig.readout_memory): host memory where the
+        device has it, else (None) the device's default memory."""
+        device = jax.devices()[0]
+        kinds = {m.kind for m in device.addressable_memories()}
+        if self.engine.readout_memory == "device" or self.engine.readout_memory not in kinds:
+            return None
+        return jax.sharding.SingleDeviceSharding(device, memory_kind=self.engine.readout_memory)
 
     # --- shapes ----------------------------------------------------------------------------
     def _spec(self, shape, dtype=jnp.int32) -> jax.ShapeDtypeStruct:
@@ -228,9 +238,8 @@ class Runner:
         t, r, c = key[1:]
         packed = pack(arrays, readout_layout(r, c))
         scores = self.executable(key)(self._embedding, hidden, packed)
-        # The copies back are queued now, behind the readout on the device, so they need no
-        # host round trip once it ends (not measured on its own; dispatch_probe.py's readout
-        # rows time the whole read).
+        # With readout_memory="pinned_host" the executables write their results to host memory
+        # themselves; otherwise the copies back are queued now, behind the readout.
         scores.copy_to_host_async()
         lse = np.zeros(0, np.float32)
         if len(arrays["lse_of"]):

@@ -214,3 +214,32 @@ def test_more_readout_rows_than_tokens_never_compiles(rng):
     assert counter.count == 0, f"{counter.count} compilations after warmup"
     assert len(result.probabilities) == 24
     assert len({tuple(p) for p in result.probabilities}) == 1, "identical questions, same bits"
+
+
+def test_readouts_land_in_host_memory_with_the_same_bits(engine, rng):
+    """readout_memory="pinned_host" (the default) has the readout and lse executables write
+    host memory; "device" keeps them on the device. Both give the same probabilities, bit for
+    bit, on every question of the workload (multi-token options take the lse path)."""
+    device = Engine(
+        engine.config,
+        engine.params,
+        None,
+        None,
+        engine_config=dataclasses.replace(BUCKETS, readout_memory="device"),
+        progress=False,
+    )
+    kinds = {}
+    for key, runner in (("host", engine.runner), ("device", device.runner)):
+        shardings = [runner.executable(k).output_shardings for k in (("readout", 1, 1, 2),)]
+        shardings.append(runner.executable(("lse", 1, 1)).output_shardings)
+        kinds[key] = {s.memory_kind for s in jax.tree.leaves(shardings)}
+    assert kinds == {"host": {"pinned_host"}, "device": {"device"}}, kinds
+    for qs in _workload(rng, engine.config.vocab_size)[:4]:
+        got, want = engine.run(qs).probabilities, device.run(qs).probabilities
+        for a, b in zip(got, want, strict=True):
+            assert np.array_equal(np.asarray(a, np.float64), np.asarray(b, np.float64))
+
+
+def test_an_unknown_readout_memory_is_refused():
+    with pytest.raises(AssertionError, match="readout_memory must be one of"):
+        EngineConfig(readout_memory="unified")
