@@ -140,12 +140,13 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--layers-per-call",
         type=int,
-        help="EngineConfig.forward_layers_per_call (default: the engine's, 8 on a GPU)",
+        help="EngineConfig.forward_layers_per_call (default: the engine's, 32 on a GPU)",
     )
     p.add_argument(
         "--first-layers",
         type=int,
-        help="EngineConfig.forward_first_layers (default: --layers-per-call // 4)",
+        default=EngineConfig.forward_first_layers,
+        help="EngineConfig.forward_first_layers: the forward's first part's layers",
     )
     p.add_argument(
         "--readout-memory",

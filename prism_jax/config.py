@@ -280,13 +280,12 @@ class EngineConfig:
     command_buffers: str = "xla"
     # Decoder layers per executable of a forward step (forward_parts.py): XLA spends ~55 us of
     # host time per 27B layer before the first kernel of an executable runs, so one call for
-    # all layers idles the GPU for ~4 ms; parts of a few layers let the GPU start after the
-    # first part while the host launches the rest. None: 8 on GPUs, every layer in one call
-    # elsewhere (a CPU step's launch cost is small next to its compute).
+    # all layers idles the GPU for ~4 ms; parts that start at forward_first_layers and double
+    # up to this many let the GPU start after the first part while the host launches the rest.
+    # None: 32 on GPUs, every layer in one call elsewhere (a CPU step's launch cost is small
+    # next to its compute).
     forward_layers_per_call: int | None = None
-    # Layers of the forward's first part, the only part whose host work the GPU waits for;
-    # later parts double up to forward_layers_per_call. None: forward_layers_per_call // 4.
-    forward_first_layers: int | None = None
+    forward_first_layers: int = 1  # the first part's layers: the host work the GPU waits for
     # The last decoder layer carries only the step's readout rows past its attention (it still
     # writes every token's k/v): the same bits as the whole layer's rows, without the other
     # tokens' attention, MLP and norms there (llama.cpp's "output ids"). It runs as a one-layer
@@ -311,9 +310,7 @@ class EngineConfig:
             f"readout_memory must be one of {READOUT_MEMORIES}, got {self.readout_memory!r}"
         )
         first = self.forward_first_layers
-        assert first is None or first >= 1, (
-            f"forward_first_layers must be None (automatic) or >= 1, got {first}"
-        )
+        assert first >= 1, f"forward_first_layers must be >= 1, got {first}"
         assert self.page_size > 0, f"page_size must be > 0, got {self.page_size}"
         assert self.kv_pages >= 2, (
             f"kv_pages must be >= 2 (page 0 is the dummy page), got {self.kv_pages}"

@@ -59,7 +59,8 @@ class Runner:
         # readout_only_last_layer: the last layer is a part of its own (the tail), per row bucket.
         self.tail = engine.readout_only_last_layer
         body = config.num_layers - 1 if self.tail else config.num_layers
-        self.parts = plan_parts(body, per_call, engine.forward_first_layers) if body else ()
+        first = min(engine.forward_first_layers, per_call)
+        self.parts = plan_parts(body, per_call, first) if body else ()
         if self.tail:
             self.parts += (range(body, config.num_layers),)
         self._part_leaves = part_leaf_indices(params, self.parts)

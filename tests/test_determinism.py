@@ -136,7 +136,7 @@ def test_chunks_buckets_and_pages_keep_every_bit(setup, rng):
 
 def test_forward_in_parts_keeps_every_bit(setup):
     """(h) the forward as one executable per layer (EngineConfig.forward_layers_per_call, what
-    the GPU runs in parts of 8) against one executable for all layers, and a prefix-cache hit
+    the GPU runs in parts of 1 to 32) against one executable for all layers, and a prefix-cache hit
     on the pool the parts wrote."""
     device, engine, qs, _ = setup
     # The reference runs every layer but the last in one call, then the last (the tail).

@@ -27,7 +27,7 @@ def test_parts_cover_the_layers_in_order(layers, per_call):
     sizes = [len(part) for part in parts]
     if per_call >= layers:
         assert sizes == [layers], "all layers in one call"
-    assert sizes[0] == max(1, per_call // 4) or per_call >= layers, "the ramp starts small"
+    assert sizes[0] == 1 or per_call >= layers, "the ramp starts at one layer"
     assert all(1 <= n <= per_call for n in sizes)
     assert all(b <= 2 * a for a, b in itertools.pairwise(sizes)), "each part at most doubles"
     ramp_end = next((i for i, n in enumerate(sizes) if n == per_call), len(sizes))
@@ -45,13 +45,15 @@ def test_the_first_part_sets_the_ramp(layers, per_call, first, sizes):
 def test_a_first_part_above_the_cap_is_refused():
     with pytest.raises(AssertionError, match="first part of 9 layers, cap 8"):
         plan_parts(62, 8, 9)
-    with pytest.raises(AssertionError, match="forward_first_layers"):
+    with pytest.raises(AssertionError, match="forward_first_layers must be >= 1"):
         EngineConfig(forward_first_layers=0)
 
 
 def test_the_27b_parts():
-    sizes = [len(part) for part in plan_parts(62, GPU_LAYERS_PER_CALL)]
-    assert sizes == [2, 4, 8, 8, 8, 8, 8, 8, 8]
+    """The engine's body is 61 layers (the last is the tail): six parts on a GPU."""
+    sizes = [len(part) for part in plan_parts(61, GPU_LAYERS_PER_CALL)]
+    assert sizes == [1, 2, 4, 8, 16, 30]
+    assert [len(part) for part in plan_parts(61, 8)] == [1, 2, 4, 8, 8, 8, 8, 8, 8, 6]
 
 
 def test_layers_per_call_resolves_by_backend():
