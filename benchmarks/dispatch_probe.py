@@ -114,7 +114,6 @@ def probe_engine(args) -> tuple:
     setup.layers_per_call = args.layers_per_call
     setup.first_layers = args.first_layers
     setup.readout_memory = args.readout_memory
-    setup.pack_align = args.pack_align
     setup.whole_last_layer = args.whole_last_layer
     setup.no_baseline = True
     engine, _ = build(config, setup, {})

@@ -58,7 +58,7 @@ from e2e_scenarios import (
 )
 from e2e_split import split_times
 
-from prism_jax import model, ops, step_buffers
+from prism_jax import model, ops
 from prism_jax.config import COMMAND_BUFFERS, READOUT_MEMORIES, EngineConfig, ModelConfig
 from prism_jax.engine import Engine
 
@@ -159,17 +159,9 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="EngineConfig.readout_only_last_layer=False: the last layer for every token (A/B)",
     )
-    p.add_argument(
-        "--pack-align",
-        type=int,
-        default=step_buffers.ALIGN,
-        help="int32s the packed step inputs' arrays align to (A/B; 1: end to end, as before)",
-    )
 
 
 def build(config: ModelConfig, args, times: dict) -> tuple[Engine, Baseline | None]:
-    # The packing rule is a module constant, read at every pack and trace: set before compiling.
-    step_buffers.ALIGN = getattr(args, "pack_align", step_buffers.ALIGN)
     start = time.perf_counter()
     params8 = jax.block_until_ready(model.init_random(config, "int8", args.seed))
     times["init_int8_s"] = round(time.perf_counter() - start, 2)
@@ -217,7 +209,6 @@ def meta(args, config: ModelConfig) -> dict:
         "layers_per_call": args.layers_per_call,
         "first_layers": args.first_layers,
         "readout_memory": args.readout_memory,
-        "pack_align": getattr(args, "pack_align", step_buffers.ALIGN),
         "readout_only_last_layer": not args.whole_last_layer,
         "warmup_runs": getattr(args, "warmup", 1),
         "baseline_after": getattr(args, "baseline_after", False),

@@ -4,11 +4,6 @@ Every numpy array passed to a compiled executable is its own host-to-device copy
 they land ~45 µs apart), so the runner sends one buffer per call and slices it back inside the
 jitted function at offsets that are static per bucket. A layout is a tuple of (name, shape);
 `pack` and `unpack` are inverses for any layout, on numpy or traced arrays.
-
-Each array starts at a multiple of ALIGN int32s (1 KiB): XLA on the GPU passes a slice at such
-an offset to a custom call as an address inside the buffer (a dynamic-slice fusion), where the
-32-token bucket's slices at 128-384 byte offsets each became a copy kernel in every forward
-part, ~20 a follow-up step with ~20 µs of idle GPU after each (results/e2e_h100_session39/).
 """
 
 from __future__ import annotations
@@ -22,7 +17,6 @@ import numpy as np
 from prism_jax.config import EngineConfig
 
 Layout = tuple[tuple[str, tuple[int, ...]], ...]
-ALIGN = 256  # int32s: every array of a packed buffer starts at a multiple of 1 KiB
 
 
 def forward_layout(t: int, engine: EngineConfig) -> Layout:
@@ -45,38 +39,27 @@ def readout_layout(r: int, c: int) -> Layout:
     return (("rows", (r,)), ("cand_counts", (r,)), ("cand_ids", (r, c)))
 
 
-def offsets(layout: Layout) -> tuple[int, ...]:
-    """Where each array of the layout starts in the packed buffer: the first at 0, each next one
-    at the first multiple of ALIGN past the previous array's end."""
-    out, at = [], 0
-    for _, shape in layout:
-        out.append(at)
-        at += -(-math.prod(shape) // ALIGN) * ALIGN
-    return tuple(out)
-
-
 def size(layout: Layout) -> int:
-    """int32s of the packed buffer: up to the last array's end (no padding after it)."""
-    if not layout:
-        return 0
-    return offsets(layout)[-1] + math.prod(layout[-1][1])
+    return sum(math.prod(shape) for _, shape in layout)
 
 
 def pack(arrays: Mapping[str, np.ndarray], layout: Layout) -> np.ndarray:
-    """int32 [size(layout)]: the layout's arrays flattened at offsets(layout), zeros between."""
-    buffer = np.zeros(size(layout), np.int32)
-    for (name, shape), at in zip(layout, offsets(layout), strict=True):
+    """int32 [size(layout)]: the layout's arrays flattened end to end, in layout order."""
+    parts = []
+    for name, shape in layout:
         a = arrays[name]
         if a.shape != shape or a.dtype != np.int32:
             raise ValueError(f"{name}: expected int32 {shape}, got {a.dtype} {a.shape}")
-        buffer[at : at + a.size] = a.reshape(-1)
-    return buffer
+        parts.append(a.reshape(-1))
+    return np.concatenate(parts)
 
 
 def unpack(buffer: Any, layout: Layout) -> dict[str, Any]:
     """The layout's arrays as static slices of a packed buffer (numpy or traced)."""
     assert buffer.shape == (size(layout),), f"buffer {buffer.shape} != ({size(layout)},)"
-    return {
-        name: buffer[at : at + math.prod(shape)].reshape(shape)
-        for (name, shape), at in zip(layout, offsets(layout), strict=True)
-    }
+    out, at = {}, 0
+    for name, shape in layout:
+        n = math.prod(shape)
+        out[name] = buffer[at : at + n].reshape(shape)
+        at += n
+    return out

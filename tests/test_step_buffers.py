@@ -12,15 +12,7 @@ from prism_jax.kv_pages import PagePool
 from prism_jax.prefix_cache import PrefixCache
 from prism_jax.prompts import RenderedQuestion
 from prism_jax.scheduler import place, plan_steps, step_arrays
-from prism_jax.step_buffers import (
-    ALIGN,
-    forward_layout,
-    offsets,
-    pack,
-    readout_layout,
-    size,
-    unpack,
-)
+from prism_jax.step_buffers import forward_layout, pack, readout_layout, size, unpack
 
 CFG = EngineConfig(
     page_size=4, kv_pages=64, token_buckets=(8, 16, 64), row_buckets=(1, 4),
@@ -68,17 +60,3 @@ def test_pack_refuses_wrong_shapes_and_dtypes():
         pack(dict(arrays, tokens=arrays["tokens"].astype(np.int64)), layout)
     with pytest.raises(ValueError, match="pages_flat"):
         pack(dict(arrays, pages_flat=arrays["pages_flat"][:-1]), layout)
-
-
-def test_every_array_starts_at_an_aligned_offset():
-    """Each array of a packed buffer starts at a multiple of ALIGN int32s (XLA passes such a
-    slice to a custom call in place instead of copying it), right after the previous one's
-    padding; the buffer ends where its last array ends."""
-    layout = (("a", (3,)), ("b", (ALIGN,)), ("c", (2, ALIGN + 1)), ("d", (1,)))
-    assert offsets(layout) == (0, ALIGN, 2 * ALIGN, 5 * ALIGN)
-    assert size(layout) == 5 * ALIGN + 1
-    arrays = {n: np.arange(np.prod(s), dtype=np.int32).reshape(s) + 7 for n, s in layout}
-    packed = pack(arrays, layout)
-    assert packed[3:ALIGN].tolist() == [0] * (ALIGN - 3), "padding is zeros"
-    for name, got in unpack(packed, layout).items():
-        np.testing.assert_array_equal(got, arrays[name], err_msg=name)
