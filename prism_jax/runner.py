@@ -115,9 +115,10 @@ class Runner:
         )
 
     def _readout_sharding(self) -> jax.sharding.Sharding | None:
-        """The readouts' output placement (EngineConfig.readout_memory): host memory where the
-        device has it, else (None) the device's default memory."""
-        device = jax.devices()[0]
+        """The readouts' output placement (EngineConfig.readout_memory): host memory of the
+        engine's device (its weights' device, which need not be jax.devices()[0]: a CPU engine
+        on a GPU machine) where that device has it, else (None) the device's default memory."""
+        (device,) = self._embedding.devices()
         kinds = {m.kind for m in device.addressable_memories()}
         if self.engine.readout_memory == "device" or self.engine.readout_memory not in kinds:
             return None

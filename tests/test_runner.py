@@ -233,6 +233,8 @@ def test_readouts_land_in_host_memory_with_the_same_bits(engine, rng):
         shardings = [runner.executable(k).output_shardings for k in (("readout", 1, 1, 2),)]
         shardings.append(runner.executable(("lse", 1, 1)).output_shardings)
         kinds[key] = {s.memory_kind for s in jax.tree.leaves(shardings)}
+        devices = {d for s in jax.tree.leaves(shardings) for d in s.device_set}
+        assert devices == runner._embedding.devices(), "the engine's device, not devices()[0]"
     assert kinds == {"host": {"pinned_host"}, "device": {"device"}}, kinds
     for qs in _workload(rng, engine.config.vocab_size)[:4]:
         got, want = engine.run(qs).probabilities, device.run(qs).probabilities
