@@ -117,10 +117,13 @@ class Runner:
     def _readout_sharding(self) -> jax.sharding.Sharding | None:
         """The readouts' output placement (EngineConfig.readout_memory): host memory of the
         engine's device (its weights' device, which need not be jax.devices()[0]: a CPU engine
-        on a GPU machine) where that device has it, else (None) the device's default memory."""
-        (device,) = self._embedding.devices()
-        kinds = {m.kind for m in device.addressable_memories()}
-        if self.engine.readout_memory == "device" or self.engine.readout_memory not in kinds:
+        on a GPU machine) where that device has it, else (None) the device's default memory,
+        as for weights spread over several devices."""
+        devices = self._embedding.devices()
+        if self.engine.readout_memory == "device" or len(devices) != 1:
+            return None
+        (device,) = devices
+        if self.engine.readout_memory not in {m.kind for m in device.addressable_memories()}:
             return None
         return jax.sharding.SingleDeviceSharding(device, memory_kind=self.engine.readout_memory)
 
