@@ -14,6 +14,10 @@ one-off gap (a host wait at a part boundary, before a copy) in the step. On the 
 sums the XLA runtime's events by name (thunk execution, command buffer updates), which says
 whether the host or the GPU sets the pace. Under the profiler XLA runs command buffers op by
 op unless XLA_FLAGS has --xla_enable_command_buffers_during_profiling=true (gpu_suite's -tg).
+Even then a gap is an upper bound on the untraced one: the ~20 µs after each of a 32-token
+step's small table copies cost nothing measurable untraced (results/e2e_h100_session39/, 7),
+while the readout-to-copy gap the traces showed was real (the host-memory readouts took it off
+the untraced walls, ibid. 1); an A/B of untraced walls decides.
 Prints one JSON line per row, in ms per run when --runs gives the number of traced runs.
 """
 
