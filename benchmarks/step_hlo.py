@@ -1,6 +1,6 @@
 """What XLA made of a step's executables: the optimized HLO of each forward part, tail and
-readout of one token bucket, its instructions counted by opcode, and every copy, slice and
-custom call listed with its shape. For finding work XLA adds around the custom calls (copies
+readout of one token bucket, its instructions counted by opcode, and every copy and slice
+listed with its shape. For finding work XLA adds around the custom calls (copies
 of sliced step tables, copies of donated pools) that a trace shows only as kernel names.
 
     python3 benchmarks/step_hlo.py [--preset gemma3-27b] [--single-digit] [--tokens 32]
@@ -24,24 +24,25 @@ from dispatch_probe import probe_engine  # benchmarks/ is sys.path[0] as a scrip
 from e2e_decide import add_engine_options
 from e2e_scenarios import PRESETS
 
-# An HLO instruction line: "%name = type[shape]{layout} opcode(operands), ..."
-INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = (\S+) ([\w\-]+)\(")
-WATCHED = ("copy", "copy-start", "slice", "dynamic-slice", "custom-call", "bitcast")
+# An HLO instruction line: "%name = type opcode(operands), ...", the type one shape
+# ("s32[32]{0}") or a tuple of them ("(f32[32,5376]{1,0}, u8[1]{0})", as custom calls have).
+INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = (\(.*?\)|\S+) ([\w\-]+)\(")
+LISTED = ("copy", "copy-start", "slice", "dynamic-slice")
 
 
 def summarize(hlo: str) -> tuple[dict[str, int], list[str]]:
-    """(opcode -> count, the watched instructions' lines) of the entry and fused computations
-    together; the watched lines are cut to 200 characters."""
+    """(opcode -> count, the LISTED instructions' lines) of the entry and fused computations
+    together; the listed lines are cut to 200 characters."""
     counts: collections.Counter = collections.Counter()
-    watched = []
+    listed = []
     for line in hlo.splitlines():
         m = INSTRUCTION.match(line)
         if not m:
             continue
         counts[m.group(2)] += 1
-        if m.group(2) in WATCHED[:4]:
-            watched.append(line.strip()[:200])
-    return dict(counts.most_common()), watched
+        if m.group(2) in LISTED:
+            listed.append(line.strip()[:200])
+    return dict(counts.most_common()), listed
 
 
 def main(argv=None) -> None:
