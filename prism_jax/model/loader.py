@@ -5,8 +5,8 @@ model.safetensors.index.json), a .gguf file, or a registered model name ("defaul
 registry.py). A GGUF is converted once into an HF directory in the user cache,
   <cache>/checkpoints/<stem>-<key>/{config.json, model.safetensors, tokenizer.json,
                                      tokenizer_config.json, source.json}
-keyed by the GGUF's resolved path, size, mtime and the converter version, so later loads read
-float32 safetensors instead of dequantising again (3-13 s). Tensors come back as read-only
+keyed by the GGUF's SHA-256 and the converter version, so later loads read float32 safetensors
+instead of dequantising again (3-13 s); the hash itself is remembered per path, size and mtime. Tensors come back as read-only
 memory maps: loading is instant and pages are read when the weights are first used.
 """
 
@@ -26,7 +26,7 @@ import numpy as np
 
 from prism_jax.model import gguf_convert
 from prism_jax.model.gguf_convert import CheckpointError
-from prism_jax.model.registry import cache_root, resolve_model
+from prism_jax.model.registry import cache_root, known_sha256, resolve_model
 
 # Bump when the GGUF -> HF conversion changes, so stale cached conversions are not reused.
 CONVERTER_VERSION = 1
@@ -186,11 +186,14 @@ def write_safetensors(
 
 
 def gguf_checkpoint_dir(gguf_path: Path) -> Path:
-    """The cached HF directory converted from gguf_path, converting it on first use."""
-    st = gguf_path.stat()
-    key = f"{CONVERTER_VERSION}:{gguf_path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    target = cache_root() / "checkpoints" / f"{gguf_path.stem}-{digest}"
+    """The cached HF directory converted from gguf_path, converting it on first use.
+
+    Keyed by the file's content, so reinstalling a model package, or a second virtualenv with the
+    same file, reuses the conversion instead of adding hundreds of MB to the cache each time.
+    """
+    sha = known_sha256(gguf_path)
+    key = hashlib.sha256(f"{CONVERTER_VERSION}:{sha}".encode()).hexdigest()[:16]
+    target = cache_root() / "checkpoints" / f"{gguf_path.stem}-{key}"
     if (target / "source.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -198,7 +201,7 @@ def gguf_checkpoint_dir(gguf_path: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        _convert_gguf(gguf_path, tmp)
+        _convert_gguf(gguf_path, tmp, sha)
         try:
             os.rename(tmp, target)  # atomic: readers see a whole directory or none
         except OSError:
@@ -206,10 +209,28 @@ def gguf_checkpoint_dir(gguf_path: Path) -> Path:
                 raise  # not a concurrent conversion that won the race
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    _remove_superseded(target, gguf_path)
     return target
 
 
-def _convert_gguf(gguf_path: Path, out: Path) -> None:
+def _remove_superseded(current: Path, gguf_path: Path) -> None:
+    """Deletes earlier conversions of the same path (an older file there, or converter).
+
+    Open memory maps of a deleted conversion stay valid (POSIX unlink semantics).
+    """
+    source = str(gguf_path.resolve())
+    for other in current.parent.glob(f"{gguf_path.stem}-*"):
+        if other == current or not (other / "source.json").is_file():
+            continue
+        try:
+            recorded = json.loads((other / "source.json").read_text()).get("gguf")
+        except (OSError, json.JSONDecodeError):
+            continue  # being written or removed by another process: not ours to judge
+        if recorded == source:
+            shutil.rmtree(other, ignore_errors=True)
+
+
+def _convert_gguf(gguf_path: Path, out: Path, sha256: str) -> None:
     g = gguf_convert.read_gguf(gguf_path)
     config = gguf_convert.hf_config_from_gguf(g)
     shapes = {gguf_convert.hf_name(n, g.arch): t.shape for n, t in g.tensors.items()}
@@ -227,6 +248,7 @@ def _convert_gguf(gguf_path: Path, out: Path) -> None:
         "gguf": str(gguf_path.resolve()),
         "size": st.st_size,
         "mtime_ns": st.st_mtime_ns,
+        "sha256": sha256,
         "converter_version": CONVERTER_VERSION,
     }
     (out / "source.json").write_text(json.dumps(source, indent=2))  # written last: "complete"

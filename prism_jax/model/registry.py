@@ -6,7 +6,8 @@ A name that is not registered is taken as a path.
 
 Cache layout (root: $PRISM_JAX_CACHE, else $XDG_CACHE_HOME/prism_jax, else ~/.cache/prism_jax):
   models/<file>.gguf            assembled GGUF files
-  models/<file>.gguf.verified   "size mtime_ns sha256" of the last successful hash check
+  models/<file>.gguf.verified   "size mtime_ns sha256" of the last hash (files elsewhere, such
+                                as site-packages or a user's GGUF: <file>.<path digest>.verified)
   checkpoints/<stem>-<key>/     GGUF converted to an HF directory (see loader.py)
 """
 
@@ -209,16 +210,10 @@ def _write_stamp(path: Path, sha: str) -> None:
 
 
 def _verify(path: Path, model: PackagedModel) -> None:
-    """Hashes the file unless a stamp says this exact size and mtime already hashed right."""
-    st, stamp = path.stat(), _stamp_path(path)
-    if stamp.is_file() and stamp.read_text().split() == [
-        str(st.st_size),
-        str(st.st_mtime_ns),
-        model.sha256,
-    ]:
-        return
-    actual = file_sha256(path)
+    """Checks the file's SHA-256 (hashing only when its size or mtime changed since the last)."""
+    actual = known_sha256(path)
     if actual != model.sha256:
+        _stamp_path(path).unlink(missing_ok=True)  # so that a repaired file is hashed again
         hint = (
             f"delete {path} and retry"
             if path.parent == cache_root() / "models"
@@ -227,7 +222,18 @@ def _verify(path: Path, model: PackagedModel) -> None:
         raise OSError(
             f"{path} has SHA-256 {actual}, expected {model.sha256} for {model.name}: {hint}"
         )
+
+
+def known_sha256(path: Path) -> str:
+    """The file's SHA-256, from its stamp when the size and mtime still match, else hashed."""
+    st, stamp = path.stat(), _stamp_path(path)
+    if stamp.is_file():
+        fields = stamp.read_text().split()
+        if len(fields) == 3 and fields[:2] == [str(st.st_size), str(st.st_mtime_ns)]:
+            return fields[2]
+    actual = file_sha256(path)
     _write_stamp(path, actual)
+    return actual
 
 
 def file_sha256(path: Path) -> str:

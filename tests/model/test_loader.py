@@ -13,7 +13,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from prism_jax.config import ModelConfig
-from prism_jax.model import gguf_convert, loader
+from prism_jax.model import gguf_convert, loader, registry
 from prism_jax.model.loader import CheckpointError, load_checkpoint
 
 # Tiny shapes: D model dim, F ffw, N/K heads, H head dim, V vocab, L layers.
@@ -356,6 +356,39 @@ def test_gguf_conversion_is_cached(
     second = load_checkpoint(path)
     assert second.directory == first.directory
     np.testing.assert_array_equal(second.tensors["lm_head.weight"], first.tensors["lm_head.weight"])
+
+
+def test_gguf_conversion_is_shared_by_identical_files(
+    tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, cache: Path
+) -> None:
+    """A reinstalled package (new path or mtime, same bytes) must not add a second conversion."""
+    path = write_gguf(tmp_path / "m.gguf", "llama", hf_tensors(rng, "llama"))
+    first = load_checkpoint(path)
+    copy = tmp_path / "venv2" / "m.gguf"
+    copy.parent.mkdir()
+    copy.write_bytes(path.read_bytes())
+
+    def fail(*args: object) -> None:
+        raise AssertionError("the same bytes were converted twice")
+
+    monkeypatch.setattr(loader, "_convert_gguf", fail)
+    assert load_checkpoint(copy).directory == first.directory
+    assert [p.name for p in (cache / "checkpoints").iterdir()] == [first.directory.name]
+
+
+def test_changed_gguf_replaces_its_old_conversion(
+    tmp_path: Path, rng: np.random.Generator, cache: Path
+) -> None:
+    path = write_gguf(tmp_path / "m.gguf", "llama", hf_tensors(rng, "llama"))
+    old = load_checkpoint(path)
+    old_embed = np.array(old.tensors["model.embed_tokens.weight"])
+    write_gguf(path, "llama", hf_tensors(rng, "llama"))  # new weights at the same path
+    new = load_checkpoint(path)
+    assert new.directory != old.directory and not old.directory.exists()
+    assert [p.name for p in (cache / "checkpoints").iterdir()] == [new.directory.name]
+    assert not np.array_equal(new.tensors["model.embed_tokens.weight"], old_embed)
+    source = json.loads((new.directory / "source.json").read_text())
+    assert source["sha256"] == registry.file_sha256(path), source
 
 
 def test_unknown_gguf_tensor_is_refused(tmp_path: Path, rng: np.random.Generator) -> None:
