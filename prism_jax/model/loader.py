@@ -6,8 +6,9 @@ registry.py). A GGUF is converted once into an HF directory in the user cache,
   <cache>/checkpoints/<stem>-<key>/{config.json, model.safetensors, tokenizer.json,
                                      tokenizer_config.json, source.json}
 keyed by the GGUF's SHA-256 and the converter version, so later loads read float32 safetensors
-instead of dequantising again (3-13 s); the hash itself is remembered per path, size and mtime. Tensors come back as read-only
-memory maps: loading is instant and pages are read when the weights are first used.
+instead of dequantising again (3-13 s); the hash itself is remembered per path, size and mtime.
+Tensors come back as read-only memory maps: loading is instant and pages are read when the
+weights are first used.
 """
 
 from __future__ import annotations
