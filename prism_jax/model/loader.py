@@ -14,6 +14,7 @@ weights are first used.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import hashlib
 import json
 import os
@@ -220,7 +221,7 @@ def _remove_superseded(current: Path, gguf_path: Path) -> None:
     Open memory maps of a deleted conversion stay valid (POSIX unlink semantics).
     """
     source = str(gguf_path.resolve())
-    for other in current.parent.glob(f"{gguf_path.stem}-*"):
+    for other in current.parent.glob(f"{glob.escape(gguf_path.stem)}-*"):
         if other == current or not (other / "source.json").is_file():
             continue
         try:
