@@ -379,7 +379,8 @@ def test_gguf_conversion_is_shared_by_identical_files(
 def test_changed_gguf_replaces_its_old_conversion(
     tmp_path: Path, rng: np.random.Generator, cache: Path
 ) -> None:
-    path = write_gguf(tmp_path / "m.gguf", "llama", hf_tensors(rng, "llama"))
+    # "[" in the name: the old conversions are found with a glob, which must escape it.
+    path = write_gguf(tmp_path / "m[q8].gguf", "llama", hf_tensors(rng, "llama"))
     old = load_checkpoint(path)
     old_embed = np.array(old.tensors["model.embed_tokens.weight"])
     write_gguf(path, "llama", hf_tensors(rng, "llama"))  # new weights at the same path
