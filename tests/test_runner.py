@@ -230,8 +230,10 @@ def test_readouts_land_in_host_memory_with_the_same_bits(engine, rng):
     )
     kinds = {}
     for key, runner in (("host", engine.runner), ("device", device.runner)):
-        shardings = [runner.executable(k).output_shardings for k in (("readout", 1, 1, 2),)]
-        shardings.append(runner.executable(("lse", 1, 1)).output_shardings)
+        shardings = [
+            runner.executable(("readout", 1, 1, 2)).output_shardings,
+            runner.executable(("lse", 1, 1)).output_shardings,
+        ]
         kinds[key] = {s.memory_kind for s in jax.tree.leaves(shardings)}
         devices = {d for s in jax.tree.leaves(shardings) for d in s.device_set}
         assert devices == runner._embedding.devices(), "the engine's device, not devices()[0]"
